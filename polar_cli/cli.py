@@ -1,0 +1,67 @@
+"""The ``polar`` command: a thin typer app over the Python API."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from polar_cli import __version__
+from polar_cli.errors import PolarError
+
+# One module per command under polar_cli.commands; each exposes ``register(app)``.
+COMMAND_MODULES: tuple[str, ...] = ("polar_cli.commands.plugins",)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"polar {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    """The CLI with built-in commands and every plugin's ``register_commands``."""
+    app = typer.Typer(
+        name="polar",
+        help="Polar: agentic RL on any harness. Run unchanged agent CLIs through a token-capturing gateway.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ) -> None:
+        """Polar: agentic RL on any harness."""
+
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(app)
+
+    from polar_cli.registry import get_plugin_manager
+
+    get_plugin_manager().hook.register_commands(app=app)
+    return app
+
+
+def main() -> None:
+    """Console-script entry point: PolarError becomes one line on stderr, not a traceback."""
+    debug = os.environ.get("POLAR_DEBUG", "") not in ("", "0")
+    try:
+        build_app()()
+    except PolarError as exc:
+        if debug:
+            raise
+        typer.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("Aborted.", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

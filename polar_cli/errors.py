@@ -1,0 +1,88 @@
+"""Polar's one exception tree.
+
+::
+
+    PolarError                       anything Polar reports to a user (one line, non-zero exit)
+    ├── ConfigError                  bad user input: a task file, a spec, a CLI option (names field and file)
+    ├── PluginError                  a plugin failed to load, registered a bad or duplicate name
+    │   └── UnknownComponentError    a name nobody registered (lists the available names)
+    ├── NotImplementedYetError       a declared placeholder component was used
+    ├── ProxyError                   the gateway proxy could not serve a call
+    │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
+    │   └── BackendError             the inference backend failed (after retries)
+    ├── RuntimeFailure               a runtime could not start, exec, copy or stop
+    ├── HarnessError                 a harness could not be installed, configured or run
+    ├── BuildError                   a trajectory could not be built from recorded completions
+    │   └── VerificationError        a trajectory broke the token-faithfulness contract
+    ├── EvaluationError              an evaluator failed
+    └── SessionError                 a session is unknown, cancelled or in the wrong state
+
+Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``.
+"""
+
+from __future__ import annotations
+
+
+class PolarError(Exception):
+    """Base class of every error Polar reports to users."""
+
+    exit_code = 1
+
+
+class ConfigError(PolarError):
+    """Bad user-provided configuration."""
+
+    exit_code = 2
+
+
+class PluginError(PolarError):
+    """A plugin failed to load or registered something invalid."""
+
+
+class UnknownComponentError(PluginError):
+    """A component name that no plugin registered."""
+
+
+class NotImplementedYetError(PolarError):
+    """A declared placeholder component was used."""
+
+
+class ProxyError(PolarError):
+    """The gateway proxy could not serve a call."""
+
+
+class ProtocolError(ProxyError):
+    """A malformed provider request."""
+
+
+class BackendError(ProxyError):
+    """The inference backend failed."""
+
+    def __init__(self, message: str, *, status: int = 502, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class RuntimeFailure(PolarError):
+    """A runtime operation failed."""
+
+
+class HarnessError(PolarError):
+    """A harness could not be installed, configured or run."""
+
+
+class BuildError(PolarError):
+    """A trajectory could not be built."""
+
+
+class VerificationError(BuildError):
+    """A trajectory violates the token-faithfulness contract."""
+
+
+class EvaluationError(PolarError):
+    """An evaluator failed."""
+
+
+class SessionError(PolarError):
+    """A session is unknown or in the wrong state."""

@@ -1,0 +1,78 @@
+"""Shared pydantic configuration and readable validation errors."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polar_cli.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """User-facing config: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _known_fields(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """Field names of the (sub)model that owns ``loc``'s last part, best effort."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        annotation = fields[part].annotation
+        current = _first_model(annotation)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One readable line per problem, naming each field (and a close spelling for unknown ones)."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        where = _location(loc)
+        if err.get("type") == "extra_forbidden":
+            hint = ""
+            known = _known_fields(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
+            if close:
+                hint = f" (did you mean '{close[0]}'?)"
+            lines.append(f"unknown field '{where}'{hint}")
+        else:
+            lines.append(f"{where}: {err.get('msg')}")
+    return "; ".join(lines)
+
+
+def validate_model(model: type[M], data: Any, *, source: str | None = None) -> M:
+    """Validate ``data`` as ``model``; a failure becomes a ConfigError naming the fields and the source."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(f"{prefix}invalid {model.__name__}: {describe_validation_error(exc, model)}") from exc

@@ -1,0 +1,51 @@
+"""One proxied model call, as captured by the gateway."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Provider = Literal["anthropic", "openai_chat", "openai_responses", "google"]
+TokenSource = Literal["backend", "retokenized"]
+
+
+class Completion(BaseModel):
+    """A generation call: what the harness sent, what the policy sampled, token for token.
+
+    ``token_source`` says how the ids were obtained: ``backend`` (returned by the inference server, exact)
+    or ``retokenized`` (computed locally from text; never silently used for RL).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    completion_id: str
+    session_id: str
+    index: int = Field(ge=0, description="position of this call within its session")
+    provider: Provider
+    model: str
+    request: dict[str, Any] = Field(description="the provider request exactly as the harness sent it")
+    request_messages: list[dict[str, Any]] = Field(description="normalized OpenAI chat messages")
+    request_tools: list[dict[str, Any]] | None = None
+    request_params: dict[str, Any] = Field(default_factory=dict, description="sampling params sent upstream")
+    response_message: dict[str, Any] = Field(description="the assistant message, OpenAI chat shape")
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float] | None = None
+    response_tokens: list[str] | None = None
+    finish_reason: str | None = None
+    token_source: TokenSource = "backend"
+    backend: str | None = None
+    started_at: float
+    finished_at: float
+    backend_seconds: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Completion:
+        n = len(self.response_ids)
+        if self.response_logprobs is not None and len(self.response_logprobs) != n:
+            raise ValueError(f"response_logprobs has {len(self.response_logprobs)} entries for {n} response_ids")
+        if self.response_tokens is not None and len(self.response_tokens) != n:
+            raise ValueError(f"response_tokens has {len(self.response_tokens)} entries for {n} response_ids")
+        return self

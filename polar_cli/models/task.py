@@ -1,0 +1,82 @@
+"""What a trainer asks for: a task and the specs of its runtime, agent, builder and evaluator."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt
+
+from polar_cli.models.base import StrictModel
+
+
+class PrepareAction(StrictModel):
+    """One step run in the runtime before the harness starts."""
+
+    type: Literal["exec", "write_file", "upload"] = "exec"
+    command: str | None = None
+    path: str | None = None
+    content: str | None = None
+    source: str | None = None
+    timeout_seconds: float | None = None
+
+
+class Mount(StrictModel):
+    source: str
+    target: str
+    read_only: bool = False
+
+
+class RuntimeSpec(StrictModel):
+    """Where the harness runs: ``local``, ``docker``, ``apptainer`` or a plugin runtime."""
+
+    backend: str = "local"
+    image: str | None = None
+    network: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    cpus: float | None = None
+    memory: str | None = None
+    mounts: list[Mount] = Field(default_factory=list)
+    prepare: list[PrepareAction] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentSpec(StrictModel):
+    """Which harness runs, against which served model."""
+
+    harness: str
+    model_name: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float | None = None
+
+
+class BuilderSpec(StrictModel):
+    """How recorded completions become traces."""
+
+    strategy: str = "prefix_merging"
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluatorSpec(StrictModel):
+    """How a session is scored."""
+
+    strategy: str = "session_completion"
+    refresh_runtime: bool = False
+    timeout_seconds: float | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskRequest(StrictModel):
+    """One task, expanded into ``num_samples`` sessions."""
+
+    task_id: str
+    instruction: str
+    num_samples: PositiveInt = 1
+    timeout_seconds: float = Field(default=1800.0, gt=0)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    agent: AgentSpec
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    callback_url: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,75 @@
+"""Trainer-facing results: traces (paper appendix A.4) and trajectories."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TokenLogprob(BaseModel):
+    """One ``response_logprobs`` entry, aligned with ``response_ids``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str | None = None
+    token_id: int
+    logprob: float
+
+
+class Trace(BaseModel):
+    """One training sequence: prompt, response tokens and a loss mask over them.
+
+    Invariant: each token with ``loss_mask`` 1 was sampled by the behavior policy, with its sampled logprob.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[TokenLogprob] | None = None
+    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _invariants(self) -> Trace:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} response_ids")
+        bad = next((m for m in self.loss_mask if m not in (0, 1)), None)
+        if bad is not None:
+            raise ValueError(f"loss_mask values must be 0 or 1, got {bad!r}")
+        if self.response_logprobs is not None:
+            if len(self.response_logprobs) != n:
+                raise ValueError(f"response_logprobs has {len(self.response_logprobs)} entries for {n} response_ids")
+            for i, (entry, token_id) in enumerate(zip(self.response_logprobs, self.response_ids, strict=True)):
+                if entry.token_id != token_id:
+                    raise ValueError(
+                        f"response_logprobs[{i}].token_id is {entry.token_id}, response_ids[{i}] is {token_id}"
+                    )
+        return self
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled"]
+
+
+class Trajectory(BaseModel):
+    """Everything one session produced for training."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = None
+    status: TrajectoryStatus
+    traces: list[Trace] = Field(default_factory=list)
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None

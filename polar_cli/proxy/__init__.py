@@ -1,0 +1,1 @@
+"""The gateway proxy: provider codecs, synthetic streaming, token capture, inference backends."""

@@ -1,0 +1,1 @@
+"""Provider codecs (one module per protocol) and detection by path, then headers."""

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_dist import write_plugin_dist
+
+PLUGIN_PACKAGES = {"codex": "polar-codex", "claude-code": "polar-claude-code", "swebench": "polar-swebench"}
+
+
+def polar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "polar_cli", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+
+
+def test_version_and_help() -> None:
+    from polar_cli import __version__
+
+    out = polar("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"polar {__version__}"
+    out = polar("--help")
+    assert out.returncode == 0 and "plugins" in out.stdout
+
+
+def test_plugins_json_lists_builtins_and_plugin_packages() -> None:
+    out = polar("plugins", "--json", env={"POLAR_LOAD_PLUGINS": ",".join(PLUGIN_PACKAGES)})
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    by_name = {(row["kind"], row["name"]): row for row in rows}
+    assert by_name[("dataset", "tasks_file")]["package"] == "polar-rl"
+    assert by_name[("harness", "codex")]["package"] == "polar-codex"
+    assert by_name[("harness", "claude_code")]["package"] == "polar-claude-code"
+    assert by_name[("evaluator", "swebench_harness")]["package"] == "polar-swebench"
+    assert by_name[("dataset", "swegym")]["package"] == "polar-swebench"
+    assert by_name[("dataset", "swebench_verified")]["package"] == "polar-swebench"
+    assert all(row["version"] for row in rows)
+
+
+def test_plugins_all_shows_disabled() -> None:
+    out = polar("plugins", "--json", "--all", env={"POLAR_LOAD_PLUGINS": "codex"})
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert {row["plugin"] for row in payload["disabled"]} >= {"claude-code", "swebench"}
+    assert "codex" in {row["name"] for row in payload["components"]}
+
+
+def test_plugins_table() -> None:
+    out = polar("plugins", env={"POLAR_LOAD_PLUGINS": "codex", "COLUMNS": "200"})
+    assert out.returncode == 0
+    assert "polar-codex" in out.stdout
+
+
+def test_duplicate_harness_fails_naming_both_packages(tmp_path: Path) -> None:
+    source = """
+from polar_cli import hookimpl
+from polar_cli.interfaces import Harness
+
+
+class Impostor(Harness):
+    name = "codex"
+
+    def launch(self, context):
+        return None
+
+
+@hookimpl
+def register_harnesses(register):
+    register(Impostor())
+"""
+    write_plugin_dist(
+        tmp_path,
+        package="polar-impostor",
+        version="9.9",
+        entry_point="impostor",
+        module="polar_impostor",
+        source=source,
+    )
+    env = {"POLAR_LOAD_PLUGINS": "codex,impostor", "PYTHONPATH": str(tmp_path)}
+    out = polar("plugins", env=env)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    line = out.stderr.strip()
+    assert line.count("\n") == 0
+    assert "duplicate harness name 'codex'" in line
+    assert "polar-codex" in line and "polar-impostor" in line
+
+
+def test_polar_error_is_one_line_unless_debug(tmp_path: Path) -> None:
+    write_plugin_dist(
+        tmp_path,
+        package="polar-broken",
+        version="0.1",
+        entry_point="broken",
+        module="polar_broken_cli",
+        source="raise RuntimeError('boom')\n",
+    )
+    env = {"POLAR_LOAD_PLUGINS": "broken", "PYTHONPATH": str(tmp_path)}
+    out = polar("plugins", env=env)
+    assert out.returncode == 1
+    assert out.stderr.startswith("Error: plugin 'broken'") and "Traceback" not in out.stderr
+    out = polar("plugins", env={**env, "POLAR_DEBUG": "1"})
+    assert "Traceback" in out.stderr
+
+
+@pytest.mark.parametrize("package", sorted(PLUGIN_PACKAGES.values()))
+def test_plugin_packages_are_installed(package: str) -> None:
+    from importlib.metadata import distribution
+
+    assert distribution(package).entry_points.select(group="polar")
