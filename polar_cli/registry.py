@@ -33,7 +33,14 @@ ENTRY_POINT_GROUP = "polar"
 LOAD_ENV = "POLAR_LOAD_PLUGINS"
 CORE_DISTRIBUTION = "polar-rl"
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("polar_cli.plugins.datasets",)
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "polar_cli.plugins.datasets",
+    "polar_cli.plugins.runtimes",
+    "polar_cli.plugins.backends",
+    "polar_cli.plugins.harnesses",
+    "polar_cli.plugins.evaluators",
+    "polar_cli.plugins.builders",
+)
 
 # category -> (hook name, interface)
 CATEGORIES: dict[str, tuple[str, type[Component]]] = {

@@ -2,10 +2,44 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from polar_cli.interfaces.base import Component
+from polar_cli.proxy.types import ChatRequest, Generation
+
+
+class BackendClient(ABC):
+    """A live connection to one inference server (or a script), shared by every session of a proxy.
+
+    ``generate`` returns the assistant message with exact token data, or raises BackendError (already retried where
+    the failure was transient). Per-session hooks let a backend keep per-session state (the scripted backend's
+    cursor); HTTP backends ignore them.
+    """
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        """One non-streaming generation for ``request`` on behalf of ``session_id``."""
+
+    @abstractmethod
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens ``request`` would take (for provider count-tokens side endpoints)."""
+
+    async def models(self) -> list[str]:
+        """Model names the backend serves (for ``GET /v1/models``)."""
+        return []
+
+    async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """A session was created; ``options`` are backend options it passed (e.g. its own ``script``)."""
+
+    async def close_session(self, session_id: str) -> None:  # noqa: B027 - optional hook
+        """A session was removed; forget its state."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the client is not used afterwards."""
 
 
 class InferenceBackend(Component):
@@ -14,5 +48,5 @@ class InferenceBackend(Component):
     kind: ClassVar[str] = "backend"
 
     @abstractmethod
-    def client(self, **config: Any) -> Any:
-        """Create a client that turns a normalized chat request into a generation with token ids."""
+    def client(self, **config: Any) -> BackendClient:
+        """Validate ``config`` (ConfigError names the bad field) and create a client; no I/O happens here."""

@@ -1,18 +1,154 @@
-"""Harness interface: how one agent CLI is installed, configured and launched."""
+"""Harness interface: how one agent CLI is installed, configured, launched and judged.
+
+A :class:`Harness` (a registered plugin) never runs anything itself. For one session it turns a
+:class:`HarnessContext` (instruction, served model, the session's gateway base URLs and key, and the paths the runtime
+gives it) into a :class:`HarnessLaunch`: an argv list (never a shell string), environment variables, config files to
+write into the session's own home, and the bytes for stdin (usually none: stdin is closed). After the run,
+:meth:`Harness.check_run` says whether the run failed even if the CLI exited 0 (pi's empty turn).
+
+``polar doctor --harness NAME`` is the test of an adapter: :meth:`Harness.doctor_script` supplies the scripted
+assistant turns (one call of the harness's own shell tool, then a final answer) that the proxy replays.
+"""
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
+from polar_cli.errors import HarnessError
 from polar_cli.interfaces.base import Component
+
+ProviderFamily = Literal["openai", "anthropic", "google"]
+
+
+@dataclass(frozen=True)
+class HarnessContext:
+    """Everything an adapter needs to configure one session's run.
+
+    Paths are as the harness sees them inside its runtime: ``home`` is the session's private HOME (config goes only
+    there), ``workdir`` where the agent works, ``tools`` the mounted tools dir (node and the Polar-managed npm prefix),
+    or ``None``. ``base_urls`` maps a provider family (``openai``, ``anthropic``, ``google``) to the session's base
+    URL for it (``.../s/{id}/v1`` for openai, ``.../s/{id}`` for the other two).
+    """
+
+    instruction: str
+    model: str
+    api_key: str
+    base_urls: Mapping[str, str]
+    home: str
+    workdir: str
+    tools: str | None = None
+    session_id: str = ""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """``AgentSpec.config``: adapter-specific options (each adapter documents its keys)."""
+
+    def base_url(self, family: str) -> str:
+        try:
+            return self.base_urls[family].rstrip("/")
+        except KeyError:
+            raise HarnessError(f"the session has no {family!r} base URL (has: {', '.join(self.base_urls)})") from None
+
+
+@dataclass
+class HarnessLaunch:
+    """How to start the harness: argv, env, files (paths relative to the session home), cwd and stdin."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    stdin: bytes | None = None
+    """Bytes fed to stdin, then EOF; ``None`` closes stdin at once. Never a terminal: CLIs must not wait for input."""
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    """How one harness run ended; ``failure`` is set when it failed (with the harness's own stderr kept)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    seconds: float = 0.0
+    failure: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among ``text``'s lines (harnesses that print JSON events mix in other lines sometimes)."""
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                events.append(value)
+    return events
 
 
 class Harness(Component):
     """An agent harness run unchanged (Codex CLI, Claude Code, pi, a shell command, ...)."""
 
     kind: ClassVar[str] = "harness"
+    provider: ClassVar[str] = "openai"
+    """The provider family whose base URL the harness talks to (``openai``, ``anthropic``, ``google``)."""
+    version: ClassVar[str] = ""
+    """The pinned version of the CLI (empty when the harness installs nothing)."""
+    shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
+    """The harness's own shell tool: (tool name, name of its command argument), used by :meth:`doctor_script`."""
+    shell_tool_extra: ClassVar[Mapping[str, Any]] = {}
+    """Further arguments that tool requires (e.g. a description)."""
+
+    def is_installed(self) -> bool:
+        """Whether :meth:`install` has nothing left to do."""
+        return True
+
+    def install(self, *, force: bool = False) -> None:
+        """Install the pinned CLI into the Polar-managed prefix (idempotent; ``force`` reinstalls)."""
+
+    def tools_dir(self) -> Path | None:
+        """The host directory the runtime mounts read-only as the tools dir (its ``bin`` first on PATH), if any."""
+        return None
 
     @abstractmethod
-    def launch(self, context: Any) -> Any:
-        """Describe how to start the harness for one session (command, env, files to write)."""
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        """Describe how to start the harness for one session (argv, env, files for its home, stdin)."""
+
+    def check_run(self, run: HarnessRun) -> str | None:
+        """Why this run failed, or ``None``. The base rule: a timeout or a non-zero exit is a failure."""
+        if run.timed_out:
+            return f"{self.name} timed out after {run.seconds:.0f} s"
+        if run.exit_code != 0:
+            return f"{self.name} exited with status {run.exit_code}"
+        return None
+
+    def doctor_script(self, command: str) -> list[dict[str, Any]]:
+        """The assistant turns ``polar doctor`` replays: one shell-tool call running ``command``, then an answer.
+
+        OpenAI-style assistant messages (the scripted backend's format), in this harness's own tool schema.
+        """
+        name, argument = self.shell_tool
+        arguments = {argument: command, **self.shell_tool_extra}
+        call = {
+            "id": "call_polar_doctor_1",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
+        return [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "assistant", "content": "The file is written. Polar doctor: done."},
+        ]
+
+    def doctor_config(self) -> dict[str, Any]:
+        """``AgentSpec.config`` for a doctor run (the ``shell`` harness supplies its reference agent here)."""
+        return {}

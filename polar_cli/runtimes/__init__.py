@@ -1,0 +1,8 @@
+"""Built-in runtimes (``local``, ``docker``, ``apptainer``) and the helpers they share.
+
+The interface is :mod:`polar_cli.interfaces.runtime`; :func:`start_session` is the one-call entry for the gateway.
+"""
+
+from polar_cli.runtimes.prepare import run_prepare, start_session
+
+__all__ = ["run_prepare", "start_session"]

@@ -1,0 +1,164 @@
+"""What the container runtimes (docker, apptainer) share: the fixed mount layout and file copies.
+
+Host scratch dirs are bind-mounted at fixed paths: ``session`` at /polar/session, ``home`` at /polar/home, ``run`` at
+/polar/run (control files: pid files, stdin), the tools dir read-only at /polar/tools. Files under the first two are
+copied on the host side; anything else goes through a staging file in ``run`` and ``cp -a`` inside the container.
+
+Every command runs as ``/bin/sh -c EXEC_SCRIPT polar-exec PIDFILE STDIN ARGV...``: the wrapper records its pid (the
+command's process group: container runtimes start each exec as a session leader) so a timeout or cancel can kill the
+group from inside, then ``exec``s the argv unchanged. A missing command therefore exits 127.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import posixpath
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from polar_cli.errors import RuntimeFailure
+from polar_cli.interfaces.runtime import (
+    HOME_PATH,
+    RUN_PATH,
+    SESSION_PATH,
+    TOOLS_PATH,
+    RuntimeContext,
+    RuntimeHandle,
+    RuntimeProcess,
+)
+from polar_cli.runtimes.files import copy_path, under, write_bytes
+from polar_cli.runtimes.scratch import Scratch, remove_tree
+
+EXEC_SCRIPT = 'p="$1"; i="$2"; shift 2; echo $$ >"$p"; exec "$@" <"$i"'
+# kill the recorded process group (and the pid itself, should it not lead a group): `sh -c KILL_SCRIPT sh SIG PID`
+KILL_SCRIPT = 'kill -s "$1" -- "-$2" 2>/dev/null; kill -s "$1" "$2" 2>/dev/null; true'
+
+
+class ContainerHandle(RuntimeHandle):
+    """Base of the docker and apptainer handles: layout, argv wrapping and file operations."""
+
+    def __init__(self, scratch: Scratch, context: RuntimeContext) -> None:
+        self.session_id = context.session_id
+        self.scratch = scratch
+        self.session_dir = scratch.session
+        self.session_path = SESSION_PATH
+        self.home_path = HOME_PATH
+        self.tools_path = TOOLS_PATH if context.tools_dir else None
+        self.closed = False
+        self._counter = itertools.count()
+
+    def binds(self, context: RuntimeContext) -> list[tuple[str, str, bool]]:
+        """(host, container, read_only) for the fixed layout."""
+        binds = [
+            (str(self.scratch.session), SESSION_PATH, False),
+            (str(self.scratch.home), HOME_PATH, False),
+            (str(self.scratch.run), RUN_PATH, False),
+        ]
+        if context.tools_dir:
+            binds.append((str(Path(context.tools_dir).resolve()), TOOLS_PATH, True))
+        return binds
+
+    def check_argv(self, argv: Sequence[str]) -> list[str]:
+        if self.closed:
+            raise RuntimeFailure(f"session {self.session_id}: runtime already stopped")
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise RuntimeFailure("a command is a non-empty list of strings (never a shell string)")
+        return list(argv)
+
+    async def control_files(self, stdin: bytes | None) -> tuple[Path, list[str]]:
+        """A fresh pid file (host path) and the wrapper argv prefix (``sh -c EXEC_SCRIPT ...``)."""
+        n = next(self._counter)
+        pid_name = f"exec-{n}.pid"
+        stdin_path = "/dev/null"
+        if stdin is not None:
+            await write_bytes(self.scratch.run / f"exec-{n}.stdin", stdin, 0o600)
+            stdin_path = f"{RUN_PATH}/exec-{n}.stdin"
+        prefix = ["/bin/sh", "-c", EXEC_SCRIPT, "polar-exec", f"{RUN_PATH}/{pid_name}", stdin_path]
+        return self.scratch.run / pid_name, prefix
+
+    @abstractmethod
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> RuntimeProcess: ...
+
+    def _host(self, path: str) -> Path | None:
+        if not posixpath.isabs(path):
+            path = posixpath.join(SESSION_PATH, path)
+        for base, host in ((SESSION_PATH, self.scratch.session), (HOME_PATH, self.scratch.home)):
+            rest = under(path, base)
+            if rest is not None:
+                return host / rest if rest else host
+        return None
+
+    async def _in_container(self, argv: list[str], what: str) -> None:
+        result = await self.exec(argv, timeout=300)
+        if not result.ok:
+            reason = result.stderr.strip() or f"exit {result.exit_code}"
+            raise RuntimeFailure(f"session {self.session_id}: {what} failed: {reason}")
+
+    async def upload(self, local: Path, remote: str) -> None:
+        local = Path(local)
+        host = self._host(remote)
+        if host is not None:
+            await copy_path(local, host)
+            return
+        staged = f"xfer-{next(self._counter)}"
+        try:
+            await copy_path(local, self.scratch.run / staged)
+            if local.is_dir():
+                await self._in_container(["mkdir", "-p", remote], f"mkdir {remote}")
+                await self._in_container(["cp", "-a", f"{RUN_PATH}/{staged}/.", remote], f"upload to {remote}")
+            else:
+                await self._in_container(["mkdir", "-p", posixpath.dirname(remote) or "/"], f"mkdir for {remote}")
+                await self._in_container(["cp", "-a", f"{RUN_PATH}/{staged}", remote], f"upload to {remote}")
+        finally:
+            remove_tree(self.scratch.run / staged)
+
+    async def download(self, remote: str, local: Path) -> None:
+        host = self._host(remote)
+        if host is not None:
+            if not host.exists():
+                raise RuntimeFailure(f"session {self.session_id}: {remote} does not exist")
+            await copy_path(host, Path(local))
+            return
+        staged = f"xfer-{next(self._counter)}"
+        try:
+            await self._in_container(["cp", "-a", remote, f"{RUN_PATH}/{staged}"], f"download of {remote}")
+            await copy_path(self.scratch.run / staged, Path(local))
+        finally:
+            remove_tree(self.scratch.run / staged)
+
+    async def write_file(self, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
+        host = self._host(path)
+        if host is not None:
+            await write_bytes(host, content, mode)
+            return
+        staged = self.scratch.run / f"xfer-{next(self._counter)}"
+        try:
+            await write_bytes(staged, content, mode)
+            await self._in_container(["mkdir", "-p", posixpath.dirname(path) or "/"], f"mkdir for {path}")
+            await self._in_container(["cp", f"{RUN_PATH}/{staged.name}", path], f"write of {path}")
+            await self._in_container(["chmod", f"{mode:o}", path], f"chmod of {path}")
+        finally:
+            remove_tree(staged)
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def open_dirs_for_container_users(scratch: Scratch) -> None:
+    """A container user other than the host's may need to write the bind-mounted dirs; the scratch root itself
+    stays 0700 on the host, so this opens nothing to other host users."""
+    for sub in (scratch.session, scratch.home, scratch.run):
+        os.chmod(sub, 0o777)

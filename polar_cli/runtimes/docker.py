@@ -1,0 +1,383 @@
+"""The ``docker`` runtime: one container per session through the ``docker`` package (Docker Engine API).
+
+The container runs ``config.command`` (default ``sleep infinity`` under docker's init), labelled
+``polar.session=<id>``, ``polar.runtime=docker``, ``polar.owner=<host>:<pid>`` and ``polar.scratch=<dir>`` so that
+:meth:`DockerRuntime.cleanup` finds leftovers. Network mode defaults to ``host`` so commands reach a gateway on
+127.0.0.1. Commands are ``docker exec`` s; stop removes the container and the session's host directories.
+Blocking client calls run in a thread. ``config``: ``pull`` (missing|never|always, default missing), ``user``,
+``init`` (default true), ``command`` (argv of the keep-alive process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from polar_cli.errors import ConfigError, RuntimeFailure
+from polar_cli.interfaces.runtime import (
+    HOME_PATH,
+    KILL_GRACE_SECONDS,
+    SESSION_PATH,
+    TOOLS_PATH,
+    Runtime,
+    RuntimeContext,
+    RuntimeProcess,
+    Stream,
+)
+from polar_cli.models.task import RuntimeSpec
+from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, open_dirs_for_container_users, read_pid
+from polar_cli.runtimes.process import OutputQueue
+from polar_cli.runtimes.scratch import Scratch, leftovers, owner_alive, remove_tree
+
+LABEL_SESSION = "polar.session"
+LABEL_RUNTIME = "polar.runtime"
+LABEL_OWNER = "polar.owner"
+LABEL_SCRATCH = "polar.scratch"
+CONFIG_KEYS = {"pull", "user", "init", "command"}
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+T = TypeVar("T")
+
+
+def docker_client() -> Any:
+    """A client for the engine named by the environment (DOCKER_HOST, ...); RuntimeFailure when none answers."""
+    try:
+        import docker
+    except ImportError as exc:
+        raise RuntimeFailure("the docker runtime needs the 'docker' package: pip install 'polar-rl[docker]'") from exc
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if where.startswith("unix://"):
+        # docker-py leaks its socket when a unix connect fails; try the socket ourselves first
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(10)
+                probe.connect(where.removeprefix("unix://"))
+        except OSError as exc:
+            raise RuntimeFailure(f"no Docker Engine answers at {where}: {exc} (see docs/runtimes.md)") from exc
+    client = None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException, requests errors, OSError: all mean "no engine"
+        if client is not None:
+            client.close()
+        raise RuntimeFailure(f"no Docker Engine answers at {where}: {exc} (see docs/runtimes.md)") from exc
+    return client
+
+
+async def call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking docker call in a thread; its errors become RuntimeFailure."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except RuntimeFailure:
+        raise
+    except Exception as exc:  # every docker/requests error at this boundary
+        raise RuntimeFailure(f"docker: {what} failed: {exc}") from exc
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    from docker.errors import NotFound
+
+    return isinstance(exc.__cause__ or exc, NotFound)
+
+
+class DockerProcess(RuntimeProcess):
+    """One ``docker exec``: output streamed from a thread, exit polled, group killed from inside."""
+
+    def __init__(self, handle: DockerHandle, exec_id: str, pid_file: Path) -> None:
+        self._handle = handle
+        self._api = handle.client.api
+        self._exec_id = exec_id
+        self._pid_file = pid_file
+        self._queue = OutputQueue(1)
+        self._exit_code: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._eof = asyncio.Event()  # output ended: the command has most likely just exited
+
+    def pump(self, sock: Any) -> None:
+        """Forward the exec's output from a thread of its own (it lives as long as the command), then close it."""
+        from docker.utils.socket import demux_adaptor, frames_iter
+
+        raw = getattr(sock, "_sock", sock)
+        raw.settimeout(None)  # the client's 60 s read timeout must not cut off a quiet harness
+
+        def run() -> None:
+            try:
+                for frame in frames_iter(sock, False):
+                    out, err = demux_adaptor(*frame)
+                    if out:
+                        self._emit("stdout", out)
+                    if err:
+                        self._emit("stderr", err)
+            except Exception:  # the container went away mid-stream: the output simply ends
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    response = getattr(sock, "_response", None)
+                    if response is not None:
+                        response.close()
+                    sock.close()
+                    raw.close()
+                self._emit(None, b"")
+
+        threading.Thread(target=run, name=f"polar-docker-exec-{self._exec_id[:12]}", daemon=True).start()
+
+    def _emit(self, stream: Stream | None, chunk: bytes) -> None:
+        def put() -> None:
+            if stream is None:
+                self._queue.close()
+                self._eof.set()
+            else:
+                self._queue.put(stream, chunk)
+
+        with contextlib.suppress(RuntimeError):  # loop closed: nobody listens any more
+            self._loop.call_soon_threadsafe(put)
+
+    def output(self) -> AsyncIterator[tuple[Stream, bytes]]:
+        return self._queue.__aiter__()
+
+    async def _inspect(self) -> dict[str, Any]:
+        return await call("exec inspect", self._api.exec_inspect, self._exec_id)
+
+    async def wait(self) -> int:
+        delay = 0.02
+        while self._exit_code is None:
+            try:
+                info = await self._inspect()
+            except RuntimeFailure as exc:
+                if _is_not_found(exc) or self._handle.closed:
+                    self._exit_code = 137  # the container was removed under it
+                    break
+                raise
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                self._exit_code = 137 if code is None else int(code)
+                break
+            if self._eof.is_set():
+                await asyncio.sleep(0.01)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._eof.wait(), delay)
+                delay = min(delay * 2, 0.5)
+        return self._exit_code
+
+    async def terminate(self, grace: float = KILL_GRACE_SECONDS) -> None:
+        if self._handle.closed or self._exit_code is not None:
+            return
+        pid = read_pid(self._pid_file)
+        for _ in range(40):  # the wrapper writes its pid first thing; give it a moment
+            if pid is not None or not (await self._inspect()).get("Running"):
+                break
+            await asyncio.sleep(0.05)
+            pid = read_pid(self._pid_file)
+        if pid is None:
+            return
+        for sig, wait_for in (("TERM", grace), ("KILL", 0.0)):
+            if sig == "TERM" and grace <= 0:
+                continue
+            await self._handle.kill_in_container(sig, pid)
+            deadline = time.monotonic() + wait_for
+            while time.monotonic() < deadline:
+                if not (await self._inspect()).get("Running"):
+                    return
+                await asyncio.sleep(0.05)
+
+
+class DockerHandle(ContainerHandle):
+    def __init__(self, scratch: Scratch, context: RuntimeContext, client: Any, workdir: str) -> None:
+        super().__init__(scratch, context)
+        self.client = client
+        self.container: Any = None
+        self.workdir = workdir
+        self.image_id = ""
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> RuntimeProcess:
+        command = self.check_argv(argv)
+        pid_file, prefix = await self.control_files(stdin)
+        created = await call(
+            "exec create",
+            self.client.api.exec_create,
+            self.container.id,
+            [*prefix, *command],
+            environment=dict(env) if env else None,
+            workdir=cwd or self.workdir,
+        )
+        process = DockerProcess(self, created["Id"], pid_file)
+        process.pump(await call("exec start", self.client.api.exec_start, created["Id"], socket=True))
+        return process
+
+    async def kill_in_container(self, sig: str, pid: int) -> None:
+        with contextlib.suppress(RuntimeFailure):
+            await call("kill", self.container.exec_run, ["/bin/sh", "-c", KILL_SCRIPT, "sh", sig, str(pid)])
+
+    async def _shutdown(self, grace: float) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.container is not None:
+                if grace > 0:
+                    with contextlib.suppress(RuntimeFailure):
+                        await call("stop", self.container.stop, timeout=int(max(1, grace)))
+                try:
+                    await call("remove", self.container.remove, force=True, v=True)
+                except RuntimeFailure as exc:
+                    if not _is_not_found(exc):
+                        raise
+        finally:
+            try:
+                try:
+                    await asyncio.to_thread(self.scratch.remove)
+                except PermissionError:
+                    await self._hand_back_files()
+                    await asyncio.to_thread(self.scratch.remove)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.client.close()
+
+    async def _hand_back_files(self) -> None:
+        """Files the container's root wrote cannot be deleted by a non-root host user: chown them back first."""
+        owner = f"{os.getuid()}:{os.getgid()}"
+        await call(
+            "chown of session files",
+            self.client.containers.run,
+            self.image_id,
+            entrypoint=["chown", "-R", owner, "/scratch"],
+            user="0",
+            network_mode="none",
+            volumes={str(self.scratch.root): {"bind": "/scratch", "mode": "rw"}},
+            remove=True,
+        )
+
+    async def cancel(self) -> None:
+        await self._shutdown(0.0)
+
+    async def stop(self) -> None:
+        await self._shutdown(KILL_GRACE_SECONDS)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _check_spec(spec: RuntimeSpec) -> dict[str, Any]:
+    if not spec.image:
+        raise ConfigError("runtime 'docker' needs 'image'")
+    unknown = sorted(set(spec.config) - CONFIG_KEYS)
+    if unknown:
+        known = ", ".join(sorted(CONFIG_KEYS))
+        raise ConfigError(f"runtime 'docker': unknown config {', '.join(unknown)} (known: {known})")
+    if spec.config.get("pull", "missing") not in ("missing", "never", "always"):
+        raise ConfigError("runtime 'docker': config pull must be missing, never or always")
+    for mount in spec.mounts:
+        if not os.path.isabs(mount.source) or not os.path.exists(mount.source):
+            raise ConfigError(f"runtime 'docker': mount source {mount.source!r} must be an existing absolute path")
+    return spec.config
+
+
+class DockerRuntime(Runtime):
+    name: ClassVar[str] = "docker"
+    description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
+
+    async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> DockerHandle:
+        config = _check_spec(spec)
+        client = await asyncio.to_thread(docker_client)
+        image = await self._image(client, str(spec.image), config.get("pull", "missing"))
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "docker", context.scratch_root)
+        open_dirs_for_container_users(scratch)
+        handle = DockerHandle(scratch, context, client, spec.workdir or SESSION_PATH)
+        handle.image_id = image.id
+        try:
+            handle.container = await call("container create", client.containers.create, **self._create_args(
+                spec, context, handle, image, config))  # fmt: skip
+            await call("container start", handle.container.start)
+        except BaseException:
+            await handle.cancel()
+            raise
+        return handle
+
+    async def _image(self, client: Any, image: str, pull: str) -> Any:
+        if pull != "always":
+            try:
+                return await call("image inspect", client.images.get, image)
+            except RuntimeFailure as exc:
+                if not _is_not_found(exc):
+                    raise
+                if pull == "never":
+                    raise RuntimeFailure(f"docker image {image!r} is not present (config pull: never)") from exc
+        return await call(f"pull of {image!r}", client.images.pull, image)
+
+    def _create_args(
+        self, spec: RuntimeSpec, context: RuntimeContext, handle: DockerHandle, image: Any, config: dict[str, Any]
+    ) -> dict[str, Any]:
+        image_env = dict(e.split("=", 1) for e in (image.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+        env = {**context.env, **spec.env}
+        if context.tools_dir and "PATH" not in spec.env:
+            env["PATH"] = f"{TOOLS_PATH}/bin:{image_env.get('PATH', DEFAULT_PATH)}"
+        env.update(HOME=HOME_PATH, POLAR_SESSION_ID=context.session_id, POLAR_SESSION_DIR=SESSION_PATH)
+        volumes = {host: {"bind": target, "mode": "ro" if ro else "rw"} for host, target, ro in handle.binds(context)}
+        for mount in spec.mounts:
+            volumes[mount.source] = {"bind": mount.target, "mode": "ro" if mount.read_only else "rw"}
+        args: dict[str, Any] = {
+            "image": image.id,
+            "command": list(config.get("command") or ["sleep", "infinity"]),
+            "name": f"polar-{handle.scratch.root.name}",
+            "labels": {
+                LABEL_SESSION: context.session_id,
+                LABEL_RUNTIME: "docker",
+                LABEL_OWNER: _owner(),
+                LABEL_SCRATCH: str(handle.scratch.root),
+            },
+            "environment": env,
+            "working_dir": handle.workdir,
+            "network_mode": spec.network or "host",
+            "volumes": volumes,
+            "init": bool(config.get("init", True)),
+            "detach": True,
+        }
+        if spec.cpus is not None:
+            args["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.memory is not None:
+            args["mem_limit"] = spec.memory
+        if config.get("user"):
+            args["user"] = str(config["user"])
+        return args
+
+    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
+        """Remove Polar's containers (and their host dirs) whose owning process is gone, then stray host dirs."""
+        client = await asyncio.to_thread(docker_client)
+        removed = []
+        try:
+            containers = await call(
+                "list", client.containers.list, all=True, filters={"label": f"{LABEL_RUNTIME}=docker"}
+            )
+            for container in containers:
+                labels = container.labels or {}
+                host, _, pid = str(labels.get(LABEL_OWNER, "")).rpartition(":")
+                alive = owner_alive({"host": host, "pid": int(pid) if pid.isdigit() else None})
+                if everything or not alive:
+                    with contextlib.suppress(RuntimeFailure):
+                        await call("remove", container.remove, force=True, v=True)
+                        removed.append(container.name)
+                    scratch = labels.get(LABEL_SCRATCH)
+                    if scratch and host == socket.gethostname():
+                        await asyncio.to_thread(remove_tree, Path(scratch))
+        finally:
+            client.close()
+        for root in leftovers("docker", scratch_root, everything=everything):
+            await asyncio.to_thread(remove_tree, root)
+            removed.append(str(root))
+        return removed

@@ -1,0 +1,229 @@
+"""The docker runtime against a real Docker Engine and the local image from .ci/setup_docker.sh (nothing mocked)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from polar_cli.errors import ConfigError, RuntimeFailure
+from polar_cli.interfaces.runtime import RuntimeContext
+from polar_cli.models.task import Mount, PrepareAction, RuntimeSpec
+from polar_cli.registry import get_runtime
+from polar_cli.runtimes import start_session
+from polar_cli.runtimes.docker import LABEL_OWNER, LABEL_RUNTIME, LABEL_SCRATCH, LABEL_SESSION, DockerHandle
+from polar_cli.runtimes.tools import ensure_node
+from tests.runtimes.conftest import TEST_IMAGE, run, wait_for_file
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_engine")]
+
+
+def spec(**fields: Any) -> RuntimeSpec:
+    return RuntimeSpec(backend="docker", image=TEST_IMAGE, **fields)
+
+
+async def start(
+    scratch_root: Path, session_id: str = "d1", tools_dir: Path | None = None, **fields: Any
+) -> DockerHandle:
+    env = {"POLAR_GATEWAY_URL": "http://127.0.0.1:1/s"}
+    context = RuntimeContext(session_id, env=env, tools_dir=tools_dir, scratch_root=scratch_root)
+    handle = await get_runtime("docker").start(spec(**fields), context)
+    assert isinstance(handle, DockerHandle)
+    return handle
+
+
+def container_exists(client: Any, container_id: str) -> bool:
+    return any(c.id == container_id for c in client.containers.list(all=True))
+
+
+def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "given.txt").write_text("from a user mount")
+
+    async def body() -> str:
+        handle = await start(scratch_root, env={"SPEC_VAR": "spec"}, cpus=0.5, memory="256m",
+                             mounts=[Mount(source=str(extra), target="/data", read_only=True)])  # fmt: skip
+        async with handle:
+            result = await handle.exec(["sh", "-c", "env; pwd; cat /data/given.txt"], env={"CALL_VAR": "call"})
+            assert result.ok, result.stderr
+            lines = result.stdout.splitlines()
+            env = dict(line.split("=", 1) for line in lines if "=" in line)
+            assert env["HOME"] == "/polar/home" and env["POLAR_SESSION_DIR"] == "/polar/session"
+            assert env["POLAR_GATEWAY_URL"] == "http://127.0.0.1:1/s"
+            assert (env["SPEC_VAR"], env["CALL_VAR"]) == ("spec", "call")
+            assert lines[-2:] == ["/polar/session", "from a user mount"]
+            ro = await handle.exec(["touch", "/data/nope"])
+            assert ro.exit_code != 0
+            attrs = docker_engine.containers.get(handle.container.id).attrs
+            assert attrs["HostConfig"]["NanoCpus"] == 500_000_000
+            assert attrs["HostConfig"]["Memory"] == 256 * 1024 * 1024
+            assert attrs["HostConfig"]["NetworkMode"] == "host"
+            labels = attrs["Config"]["Labels"]
+            assert labels[LABEL_SESSION] == "d1" and labels[LABEL_RUNTIME] == "docker"
+            assert labels[LABEL_SCRATCH] == str(handle.scratch.root) and LABEL_OWNER in labels
+            # the bind mount works both ways
+            await handle.exec(["sh", "-c", "echo from-container > /polar/session/out.txt"])
+            assert (handle.session_dir / "out.txt").read_text() == "from-container\n"
+            (handle.session_dir / "in.txt").write_text("from-host")
+            assert (await handle.exec(["cat", "in.txt"])).stdout == "from-host"
+            return str(handle.container.id)
+
+    container_id = run(body())
+    assert not container_exists(docker_engine, container_id)
+    assert list(scratch_root.iterdir()) == []
+
+
+def test_timeout_kills_process_group_inside_container(scratch_root: Path) -> None:
+    async def body() -> None:
+        async with await start(scratch_root) as handle:
+            script = "sleep 300 & echo $! > /polar/session/child.pid; trap '' TERM; echo up; wait"
+            result = await handle.exec(["sh", "-c", script], timeout=2.0, kill_grace=0.5)
+            assert result.timed_out and result.stdout == "up\n"
+            child = (handle.session_dir / "child.pid").read_text().strip()
+            assert (await handle.exec(["test", "-e", f"/proc/{child}"])).exit_code == 1
+            survivors = await handle.exec(["ps", "-eo", "args"])
+            assert "sleep 300" not in survivors.stdout
+
+    run(body())
+
+
+def test_cancel_mid_run_leaves_no_container_process_or_directory(docker_engine: Any, scratch_root: Path) -> None:
+    async def body() -> None:
+        handle = await start(scratch_root)
+        task = asyncio.create_task(handle.exec(["sh", "-c", "echo $$ > me.pid; sleep 300 & sleep 300"]))
+        await wait_for_file(handle.session_dir / "me.pid")
+        container_id = handle.container.id
+        await handle.cancel()
+        result = await asyncio.wait_for(task, 30)
+        assert result.exit_code != 0
+        assert not container_exists(docker_engine, container_id)
+        assert not handle.scratch.root.exists()
+        with pytest.raises(RuntimeFailure, match="already stopped"):
+            await handle.exec(["true"])
+        await handle.stop()
+
+    run(body())
+    assert list(scratch_root.iterdir()) == []
+    leftovers = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_SESSION}=d1"})
+    assert leftovers == []
+
+
+@asynccontextmanager
+async def host_server() -> AsyncIterator[int]:
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"pong": request.headers.get("Authorization", "")})
+
+    app = web.Application()
+    app.router.add_get("/ping", ping)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def test_node_through_tools_mount_reaches_a_gateway_on_host_loopback(scratch_root: Path, tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    ensure_node(tools)
+    js = (
+        "fetch(process.env.GW + '/ping', {headers: {Authorization: 'Bearer ' + process.env.KEY}})"
+        ".then(r => r.json()).then(j => console.log(process.version, j.pong))"
+    )
+
+    async def body() -> None:
+        async with host_server() as port, await start(scratch_root, tools_dir=tools) as handle:
+            assert handle.tools_path == "/polar/tools"
+            env = {"GW": f"http://127.0.0.1:{port}", "KEY": "k-1"}
+            result = await handle.exec(["node", "-e", js], env=env, timeout=60)
+            assert result.ok, result.stderr
+            version = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+            assert result.stdout == f"{version} Bearer k-1\n"
+            assert (await handle.exec(["sh", "-c", "command -v node"])).stdout == "/polar/tools/bin/node\n"
+            assert (await handle.exec(["touch", "/polar/tools/x"])).exit_code != 0  # read-only
+
+    run(body())
+
+
+def test_files_inside_and_outside_the_session_dir(scratch_root: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "f.txt").write_text("tree")
+    single = tmp_path / "one.txt"
+    single.write_text("one")
+
+    async def body() -> None:
+        async with await start(scratch_root) as handle:
+            await handle.upload(single, "/opt/polar/one.txt")  # outside any bind: staged, copied in the container
+            await handle.upload(tree, "/opt/tree")
+            await handle.upload(single, "in/one.txt")
+            await handle.write_file("/usr/local/bin/hello", "#!/bin/sh\necho hello\n", mode=0o755)
+            await handle.write_file("/polar/home/.cfg", "cfg")
+            script = "cat /opt/polar/one.txt /opt/tree/a/f.txt in/one.txt ~/.cfg; hello"
+            result = await handle.exec(["sh", "-c", script])
+            assert result.stdout == "onetreeonecfghello\n"
+            await handle.download("/opt/tree", tmp_path / "back")
+            await handle.download("/usr/local/bin/hello", tmp_path / "hello")
+            assert (tmp_path / "back" / "a" / "f.txt").read_text() == "tree"
+            assert (tmp_path / "hello").read_text().endswith("echo hello\n")
+            with pytest.raises(RuntimeFailure, match="download of /nope"):
+                await handle.download("/nope", tmp_path / "nope")
+            assert [p.name for p in handle.scratch.run.iterdir() if p.name.startswith("xfer")] == []
+
+    run(body())
+
+
+def test_prepare_actions_run_in_the_container(scratch_root: Path) -> None:
+    prepare = [
+        PrepareAction(type="write_file", path="/etc/polar-task", content="task-config"),
+        PrepareAction(command="cat /etc/polar-task > copied.txt"),
+    ]
+    context = RuntimeContext("prep", scratch_root=scratch_root)
+
+    async def body() -> None:
+        async with await start_session(spec(prepare=prepare), context) as handle:
+            assert (handle.session_dir / "copied.txt").read_text() == "task-config"
+
+    run(body())
+
+
+def test_bad_specs_and_missing_image(scratch_root: Path) -> None:
+    context = RuntimeContext("bad", scratch_root=scratch_root)
+    runtime = get_runtime("docker")
+    with pytest.raises(ConfigError, match="needs 'image'"):
+        run(runtime.start(RuntimeSpec(backend="docker"), context))
+    with pytest.raises(ConfigError, match="unknown config"):
+        run(runtime.start(spec(config={"privileged": True}), context))
+    missing = RuntimeSpec(backend="docker", image="polar-no-such-image:1", config={"pull": "never"})
+    with pytest.raises(RuntimeFailure, match="not present"):
+        run(runtime.start(missing, context))
+    assert not scratch_root.exists() or list(scratch_root.iterdir()) == []
+
+
+def test_cleanup_removes_containers_of_dead_owners(docker_engine: Any, scratch_root: Path) -> None:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    labels = {LABEL_RUNTIME: "docker", LABEL_SESSION: "orphan", LABEL_OWNER: f"{socket.gethostname()}:{finished.pid}"}
+    orphan = docker_engine.containers.run(
+        TEST_IMAGE, ["sleep", "infinity"], detach=True, init=True, network_mode="none", labels=labels
+    )
+
+    async def body() -> list[str]:
+        async with await start(scratch_root, "alive") as live:
+            removed = await get_runtime("docker").cleanup(scratch_root=scratch_root)
+            assert container_exists(docker_engine, live.container.id)  # its owner (this process) lives
+            return removed
+
+    removed = run(body())
+    assert orphan.name in removed
+    assert not container_exists(docker_engine, orphan.id)
