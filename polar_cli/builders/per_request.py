@@ -1,0 +1,65 @@
+"""``per_request``: one trace per recorded completion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_cli.builders.common import (
+    base_metadata,
+    finish,
+    gc_paused,
+    make_trace,
+    ordered_completions,
+    sampled_entries,
+)
+from polar_cli.builders.config import BuilderConfig, parse_config
+from polar_cli.builders.verify import verify
+from polar_cli.interfaces import Builder
+from polar_cli.models import Completion, Trajectory
+
+
+class PerRequestBuilder(Builder):
+    """Each completion becomes a trace: its prompt, its sampled tokens (all trainable) and their logprobs."""
+
+    name = "per_request"
+    description = "one trace per model call: prompt ids, sampled ids, loss mask all 1, sampled logprobs"
+
+    def build(self, completions: list[Completion], **config: Any) -> Trajectory:
+        cfg = parse_config(self.name, config)
+        with gc_paused():
+            trajectory = self._build(completions, cfg)
+            if cfg.verify:
+                verify(trajectory, completions, raise_on_violation=True)
+        return trajectory
+
+    def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
+        ordered = ordered_completions(completions, cfg, self.name)
+        meta = base_metadata(cfg, ordered, self.name)
+        traces = []
+        for c in ordered:
+            traces.append(
+                make_trace(
+                    prompt_ids=list(c.prompt_ids),
+                    response_ids=list(c.response_ids),
+                    loss_mask=[1] * len(c.response_ids),
+                    entries=None if c.response_logprobs is None else sampled_entries(c),
+                    prompt_messages=c.request_messages,
+                    response_messages=[c.response_message],
+                    tools=c.request_tools,
+                    finish_reason=c.finish_reason,
+                    metadata={
+                        **meta,
+                        "completion_id": c.completion_id,
+                        "completion_index": c.index,
+                        "token_source": c.token_source,
+                    },
+                )
+            )
+        stats = {
+            "builder": self.name,
+            "completions": len(ordered),
+            "traces": len(traces),
+            "trainable_tokens": sum(len(c.response_ids) for c in ordered),
+            "missing_logprobs": sum(c.response_logprobs is None for c in ordered),
+        }
+        return finish(meta["session_id"], cfg.status, traces, stats)

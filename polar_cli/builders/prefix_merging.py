@@ -1,0 +1,121 @@
+"""``prefix_merging``: one token-faithful trace per prefix chain (paper section 3.4.2).
+
+Within a chain of completions ``c_1 .. c_K`` the trace is ``p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ ... ‖ a_K``:
+
+* ``a_m`` — the tokens ``c_m`` sampled, verbatim (loss mask 1, their sampled logprobs). The next prompt holds the
+  chat template's re-rendering of that turn, which may differ (re-serialized tool arguments, dropped reasoning);
+  training on the re-rendering would credit the policy with tokens it never sampled.
+* ``u_m`` — the canonical interstitial tokens: ``p_{m+1}`` after the first end-of-turn token that follows ``p_m``
+  (tool results, the next user turn, the generation prompt), loss mask 0 with placeholder logprob entries. When
+  ``a_m`` does not end with an end-of-turn token (a truncated response), ``u_m`` starts at that token instead, so
+  the template's closing of the turn is kept, untrained.
+
+Unlike the reference implementation, a completion that fails the prefix check is never dropped or truncated: it
+starts (or later continues) another chain, so every sampled token lands in exactly one trace.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from polar_cli.builders.chains import BREAK_CAUSES, Chain, partition
+from polar_cli.builders.common import (
+    base_metadata,
+    finish,
+    gc_paused,
+    make_trace,
+    ordered_completions,
+    placeholder_entries,
+    sampled_entries,
+)
+from polar_cli.builders.config import BuilderConfig, end_of_turn_ids, parse_config
+from polar_cli.builders.verify import verify
+from polar_cli.interfaces import Builder
+from polar_cli.models import Completion, Trace, Trajectory
+
+
+class PrefixMergingBuilder(Builder):
+    """Merge completions whose prompts extend each other into one trace per chain."""
+
+    name = "prefix_merging"
+    description = "one trace per strict-prefix chain: sampled tokens trainable, template interstitials masked"
+
+    def build(self, completions: list[Completion], **config: Any) -> Trajectory:
+        cfg = parse_config(self.name, config)
+        with gc_paused():
+            trajectory = self._build(completions, cfg)
+            if cfg.verify:
+                verify(trajectory, completions, raise_on_violation=True)
+        return trajectory
+
+    def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
+        eot_ids = end_of_turn_ids(cfg, self.name)
+        ordered = ordered_completions(completions, cfg, self.name)
+        meta = base_metadata(cfg, ordered, self.name)
+        parts = partition(ordered, eot_ids)
+        traces = [
+            merge_chain(i, chain, ordered, eot_ids, meta) for i, chain in enumerate(parts.chains)
+        ]
+        causes = Counter(b.cause for b in parts.breaks)
+        stats = {
+            "builder": self.name,
+            "end_of_turn_ids": sorted(eot_ids),
+            "completions": len(ordered),
+            "chains": len(parts.chains),
+            "traces": len(traces),
+            "completions_per_chain": [len(chain.members) for chain in parts.chains],
+            "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
+            "interstitial_tokens": sum(len(t.loss_mask) - sum(t.loss_mask) for t in traces),
+            "prefix_breaks": len(parts.breaks),
+            "prefix_break_causes": {cause: causes[cause] for cause in BREAK_CAUSES if causes[cause]},
+            "breaks": [b.as_dict() for b in parts.breaks],
+        }
+        return finish(meta["session_id"], cfg.status, traces, stats)
+
+
+def merge_chain(
+    number: int, chain: Chain, ordered: list[Completion], eot_ids: frozenset[int], meta: dict[str, Any]
+) -> Trace:
+    """The trace ``p_1 ‖ a_1 ‖ u_1 ‖ ... ‖ a_K`` of one chain."""
+    members = [ordered[pos] for pos in chain.members]
+    first, last = members[0], members[-1]
+    response_ids: list[int] = []
+    loss_mask: list[int] = []
+    with_logprobs = all(c.response_logprobs is not None for c in members)
+    entries: list[dict[str, Any]] | None = [] if with_logprobs else None
+    for k, c in enumerate(members):
+        sampled = c.response_ids
+        response_ids += sampled
+        loss_mask += [1] * len(sampled)
+        if entries is not None:
+            entries += sampled_entries(c)
+        if k + 1 == len(members):
+            break
+        closed = bool(sampled) and sampled[-1] in eot_ids
+        interstitial = members[k + 1].prompt_ids[chain.eot_positions[k] + (1 if closed else 0) :]
+        response_ids += interstitial
+        loss_mask += [0] * len(interstitial)
+        if entries is not None:
+            entries += placeholder_entries(interstitial)
+    if len(last.request_messages) >= len(first.request_messages):
+        response_messages = [*last.request_messages[len(first.request_messages) :], last.response_message]
+    else:  # message history shrank although tokens extend: keep what each call answered
+        response_messages = [c.response_message for c in members]
+    return make_trace(
+        prompt_ids=list(first.prompt_ids),
+        response_ids=response_ids,
+        loss_mask=loss_mask,
+        entries=entries,
+        prompt_messages=first.request_messages,
+        response_messages=response_messages,
+        tools=first.request_tools,
+        finish_reason=last.finish_reason,
+        metadata={
+            **meta,
+            "chain": number,
+            "completion_ids": [c.completion_id for c in members],
+            "completion_indices": [c.index for c in members],
+            "token_source": "retokenized" if any(c.token_source == "retokenized" for c in members) else "backend",
+        },
+    )

@@ -1,0 +1,76 @@
+"""Hand-made completions for exact, hand-checked expectations (Qwen token ids)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_cli.models import Completion
+
+IM_START, IM_END, NL, NLNL, USER, ASSISTANT = 151644, 151645, 198, 271, 872, 77091
+GEN = [IM_START, ASSISTANT, NL]  # "<|im_start|>assistant\n"
+SYSTEM_MESSAGE = {"role": "system", "content": "harness system prompt"}
+
+
+def user_turn(*text: int) -> list[int]:
+    """``<|im_start|>user\\n TEXT <|im_end|>\\n``"""
+    return [IM_START, USER, NL, *text, IM_END, NL]
+
+
+def completion(
+    index: int,
+    prompt: list[int],
+    response: list[int],
+    *,
+    logprobs: list[float] | None = None,
+    finish: str = "stop",
+    messages: list[dict[str, Any]] | None = None,
+    answer: dict[str, Any] | None = None,
+    session: str = "s1",
+    **extra: Any,
+) -> Completion:
+    return Completion(
+        completion_id=f"c{index}",
+        session_id=session,
+        index=index,
+        provider="openai_chat",
+        model="m",
+        request={},
+        request_messages=messages or [SYSTEM_MESSAGE, {"role": "user", "content": f"turn {index}"}],
+        response_message=answer or {"role": "assistant", "content": f"answer {index}"},
+        prompt_ids=prompt,
+        response_ids=response,
+        response_logprobs=logprobs if logprobs is not None else [-0.5 - index - j / 100 for j in range(len(response))],
+        finish_reason=finish,
+        started_at=float(index),
+        finished_at=index + 0.5,
+        **extra,
+    )
+
+
+def decode_spans(trace: Any) -> list[tuple[int, list[int]]]:
+    """(mask, ids) runs of a trace's response, for compact assertions."""
+    spans: list[tuple[int, list[int]]] = []
+    for token, bit in zip(trace.response_ids, trace.loss_mask, strict=True):
+        if spans and spans[-1][0] == bit:
+            spans[-1][1].append(token)
+        else:
+            spans.append((bit, [token]))
+    return spans
+
+
+SYSTEM = [IM_START, 8948, NL, 100, 101, IM_END, NL]  # "<|im_start|>system\n..."
+
+
+def three_turn_session() -> list:
+    """Tool call (re-serialized in the next prompt), a truncated turn, then a final answer."""
+    p1 = [*SYSTEM, *user_turn(200, 201), *GEN]
+    a1 = [300, 301, 302, IM_END]  # sampled `{"a":1}`; the template renders it as 300, 399, 302
+    p2 = [*p1, 300, 399, 302, IM_END, NL, *user_turn(400), *GEN]
+    a2 = [310, 311]  # cut off: finish_reason "length", no <|im_end|>
+    p3 = [*p2, 310, 311, IM_END, NL, *user_turn(401, 402), *GEN]
+    a3 = [320, IM_END]
+    return [
+        completion(0, p1, a1, logprobs=[-0.1, -0.2, -0.3, -0.01], finish="tool_calls"),
+        completion(1, p2, a2, logprobs=[-1.0, -1.1], finish="length"),
+        completion(2, p3, a3, logprobs=[-2.0, -0.02]),
+    ]
