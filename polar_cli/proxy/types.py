@@ -6,8 +6,11 @@ encodes a :class:`Generation` back into its own wire shape. Backends only ever s
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
+
+import orjson
 
 from polar_cli.models import TokenSource
 
@@ -58,6 +61,55 @@ class ChatRequest:
         return body
 
 
+class JsonTokenIds(Sequence[int]):
+    """Token ids kept as the JSON array text a server sent (e.g. vLLM's 32K ``prompt_token_ids``).
+
+    Parsing tens of thousands of ints costs about a millisecond per call; the proxy only needs their count on the hot
+    path and writes the text verbatim into the journal (``orjson.Fragment``). The values are parsed on first use.
+    """
+
+    __slots__ = ("_list", "length", "raw")
+
+    def __init__(self, raw: bytes, length: int = -1) -> None:
+        self.raw = raw
+        self.length = length
+        self._list: list[int] | None = None
+
+    def count_commas(self) -> int:
+        """The number of ids, from the text (ids are plain ints, so commas + 1 unless empty)."""
+        return self.raw.count(b",") + 1 if self.raw.strip(b"[] \t\r\n") else 0
+
+    def tolist(self) -> list[int]:
+        if self._list is None:
+            self._list = [int(i) for i in orjson.loads(self.raw)]
+        return self._list
+
+    def __len__(self) -> int:
+        if self.length < 0:  # unknown until asked
+            self.length = self.count_commas()
+        return self.length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self.tolist()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, JsonTokenIds):
+            other = other.tolist()
+        return isinstance(other, list | tuple) and self.tolist() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"JsonTokenIds({len(self)} ids)"
+
+
 @dataclass
 class Generation:
     """One backend answer with the token-level data training needs.
@@ -73,7 +125,7 @@ class Generation:
     model: str
     message: dict[str, Any]
     finish_reason: str
-    prompt_ids: list[int]
+    prompt_ids: list[int] | JsonTokenIds
     response_ids: list[int]
     response_logprobs: list[float] | None = None
     response_tokens: list[str] | None = None

@@ -1,0 +1,1 @@
+"""Inference backend clients: vllm, sglang, openai (retokenized) and scripted."""

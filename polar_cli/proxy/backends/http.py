@@ -1,0 +1,219 @@
+"""Shared machinery of the HTTP backends: one aiohttp session per client, retries, error mapping, message cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from pydantic import Field
+
+from polar_cli.errors import BackendError
+from polar_cli.interfaces.backend import BackendClient
+from polar_cli.models import StrictModel
+from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, with_retries
+from polar_cli.proxy.types import ChatRequest, Generation
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class HttpBackendConfig(StrictModel):
+    """Options shared by the vllm, sglang and openai backends."""
+
+    url: str = Field(description="server base URL, with or without a trailing /v1")
+    model: str | None = Field(default=None, description="upstream model name; default: the server's first model")
+    api_key: str | None = Field(default=None, description="sent upstream as Authorization: Bearer")
+    tokenizer: str | None = Field(default=None, description="HF tokenizer for local counting/retokenizing")
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_connections: int = Field(default=512, ge=1)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every upstream request")
+
+
+def api_base(url: str) -> str:
+    """``http://h:p`` from ``http://h:p``, ``http://h:p/`` or ``http://h:p/v1``."""
+    base = url.rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")[:500] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or data)[:500]
+        return str(data.get("message") or err)[:500]
+    return str(data)[:500]
+
+
+def assistant_message(raw: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI assistant message with only the fields Polar uses (vLLM's ``reasoning`` → reasoning_content)."""
+    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning")
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    calls = raw.get("tool_calls")
+    if calls:
+        out = []
+        for call in calls:
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            if not isinstance(args, str):
+                args = orjson.dumps(args if args is not None else {}).decode()
+            out.append(
+                {"id": call.get("id"), "type": "function", "function": {"name": fn.get("name"), "arguments": args}}
+            )
+        message["tool_calls"] = out
+    return message
+
+
+class HttpChatClient(BackendClient):
+    """A client for an OpenAI-compatible ``/v1/chat/completions`` server; subclasses add token switches and parsing."""
+
+    def __init__(self, config: HttpBackendConfig) -> None:
+        self.config = config
+        self.base = api_base(config.url)
+        self._session: aiohttp.ClientSession | None = None
+        self._model: str | None = config.model
+        self._headers = dict(_JSON_HEADERS)
+        if config.api_key:
+            self._headers["Authorization"] = f"Bearer {config.api_key}"
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        # created lazily: an aiohttp session must be made inside the running loop
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.config.max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=self.config.connect_timeout_s),
+                headers=self._headers,
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _once(
+        self, method: str, path: str, body: dict[str, Any] | None, load: Callable[[bytes], Any] = orjson.loads
+    ) -> Any:
+        url = self.base + path
+        try:
+            data = orjson.dumps(body) if body is not None else None
+            async with self.session.request(method, url, data=data) as resp:
+                raw = await resp.read()
+                status = resp.status
+                retry_after = resp.headers.get("Retry-After")
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            # connection refused/reset and timeouts are transient from the harness's point of view
+            kind = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+            raise BackendError(f"{self.name} backend at {self.base} unreachable: {kind}", retryable=True) from exc
+        if status >= 400:
+            upstream = _error_message(raw)
+            err = BackendError(
+                f"{self.name} backend returned HTTP {status}: {upstream}",
+                status=status if status < 500 or status in RETRYABLE_STATUSES else 502,
+                retryable=status in RETRYABLE_STATUSES,
+            )
+            if retry_after is not None:
+                with contextlib.suppress(ValueError):
+                    err.retry_after = float(retry_after)  # type: ignore[attr-defined]
+            raise err
+        try:
+            return load(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(f"{self.name} backend returned non-JSON: {raw[:200]!r}") from exc
+
+    async def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, load: Callable[[bytes], Any] = orjson.loads
+    ) -> Any:
+        """One upstream call, retried on transient failures; raises BackendError. ``load`` parses the answer."""
+        return await with_retries(lambda: self._once(method, path, body, load), self.config.retry)
+
+    def load_answer(self, raw: bytes) -> Any:
+        """Parse a chat answer (backends may skip parsing bulky parts, see vllm)."""
+        return orjson.loads(raw)
+
+    async def models(self) -> list[str]:
+        data = await self.request("GET", "/v1/models")
+        return [str(m.get("id")) for m in (data.get("data") or []) if isinstance(m, dict)]
+
+    async def served_model(self) -> str:
+        """The configured model, or the server's first model (asked once)."""
+        if self._model is None:
+            names = await self.models()
+            if not names:
+                raise BackendError(f"{self.name} backend at {self.base} serves no model")
+            self._model = names[0]
+        return self._model
+
+    def upstream_body(self, request: ChatRequest, model: str) -> dict[str, Any]:
+        body = request.openai_body()
+        body["model"] = model
+        if self.config.extra_body:
+            body.update(self.config.extra_body)
+        body.update(self.token_switches())
+        return body
+
+    def token_switches(self) -> dict[str, Any]:
+        """Request fields that make the server return token ids and logprobs."""
+        return {}
+
+    @abstractmethod
+    def parse(self, data: dict[str, Any], request: ChatRequest) -> Generation:
+        """Turn the server's JSON answer into a Generation (BackendError when token data is missing)."""
+
+    async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        model = await self.served_model()
+        started = time.perf_counter()
+        data = await self.request("POST", "/v1/chat/completions", self.upstream_body(request, model), self.load_answer)
+        seconds = time.perf_counter() - started
+        if not isinstance(data, dict) or not data.get("choices"):
+            raise BackendError(f"{self.name} backend answered without choices")
+        generation = self.parse(data, request)
+        generation.backend_seconds = seconds
+        return generation
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        if self.config.tokenizer:
+            from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+
+            renderer = ChatRenderer(load_tokenizer(self.config.tokenizer))
+            return len(await asyncio.to_thread(renderer.prompt_ids, request.messages, request.tools))
+        return await self.remote_count(request)
+
+    async def remote_count(self, request: ChatRequest) -> int:
+        """vLLM-style ``/tokenize`` with the chat template; a rough estimate where the server has none."""
+        body: dict[str, Any] = {"model": await self.served_model(), "messages": request.messages}
+        body["add_generation_prompt"] = True
+        if request.tools:
+            body["tools"] = request.tools
+        try:
+            data = await self._once("POST", "/tokenize", body)
+            return int(data["count"])
+        except (BackendError, KeyError, TypeError, ValueError):
+            return max(1, len(orjson.dumps(request.messages)) // 4)
+
+
+def base_generation(data: dict[str, Any], choice: dict[str, Any], backend: str, **fields: Any) -> Generation:
+    """A Generation from the common parts of an OpenAI chat answer plus backend-specific token fields."""
+    return Generation(
+        id=str(data.get("id") or ""),
+        model=str(data.get("model") or ""),
+        message=assistant_message(choice.get("message") or {}),
+        finish_reason=str(choice.get("finish_reason") or "stop"),
+        backend=backend,
+        created=int(data.get("created") or time.time()),
+        **fields,
+    )

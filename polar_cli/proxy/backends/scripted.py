@@ -1,0 +1,174 @@
+"""The scripted backend: replays a per-session script of assistant turns with real token ids.
+
+A script is a list of OpenAI-style assistant messages. Each generation call of a session takes the session's next
+turn, renders the prompt and the turn with a real HF chat template, and answers like vLLM would (prompt ids, response
+ids through the end-of-turn token, one deterministic logprob per token). See docs/scripted-backend.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import Field, field_validator
+
+from polar_cli.config import read_data_file
+from polar_cli.errors import BackendError, ConfigError
+from polar_cli.interfaces.backend import BackendClient
+from polar_cli.models import StrictModel, validate_model
+from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+from polar_cli.proxy.types import ChatRequest, Generation
+
+
+class ScriptFunction(StrictModel):
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ScriptToolCall(StrictModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ScriptFunction
+
+
+class ScriptError(StrictModel):
+    status: int = 500
+    message: str = "scripted backend error"
+
+
+class ScriptTurn(StrictModel):
+    """One scripted assistant turn (or a scripted backend failure)."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    error: ScriptError | None = None
+
+
+class Script(StrictModel):
+    turns: list[ScriptTurn]
+
+
+class ScriptedConfig(StrictModel):
+    """Options of the scripted backend."""
+
+    script: list[Any] | str | None = Field(default=None, description="turns, or a JSON/YAML file holding them")
+    tokenizer: str | None = Field(default=None, description="HF tokenizer dir or id; default: the demo tokenizer")
+    model: str = "polar-scripted"
+    on_exhausted: Literal["final", "error"] = "final"
+    exhausted_text: str = "[polar scripted backend] The script has no more turns; ending here."
+    end_of_turn: str | None = None
+
+    @field_validator("script", mode="before")
+    @classmethod
+    def _path(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, Path) else value
+
+
+def load_script(source: list[Any] | str | Path, *, where: str = "script") -> list[ScriptTurn]:
+    """Validate a script given inline (a list) or as a JSON/YAML file path."""
+    if isinstance(source, str | Path):
+        where = str(source)
+        data = read_data_file(source)
+    else:
+        data = source
+    if not isinstance(data, list):
+        raise ConfigError(f"{where}: a script is a list of assistant messages, got {type(data).__name__}")
+    return validate_model(Script, {"turns": data}, source=where).turns
+
+
+def _logprob(token_id: int, position: int) -> float:
+    """A deterministic, plausible logprob in [-0.997, -0.001]."""
+    return -((token_id * 7919 + position * 104729) % 997 + 1) / 1000.0
+
+
+class _Cursor:
+    __slots__ = ("position", "turns")
+
+    def __init__(self, turns: list[ScriptTurn]) -> None:
+        self.turns = turns
+        self.position = 0
+
+
+class ScriptedClient(BackendClient):
+    name = "scripted"
+
+    def __init__(self, config: ScriptedConfig) -> None:
+        self.config = config
+        self.default_turns = load_script(config.script) if config.script is not None else []
+        self.renderer = ChatRenderer(load_tokenizer(config.tokenizer), config.end_of_turn)
+        self._cursors: dict[str, _Cursor] = {}
+
+    async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:
+        script = options.get("script")
+        turns = load_script(script, where=f"session {session_id} script") if script is not None else self.default_turns
+        self._cursors[session_id] = _Cursor(turns)
+
+    async def close_session(self, session_id: str) -> None:
+        self._cursors.pop(session_id, None)
+
+    async def models(self) -> list[str]:
+        return [self.config.model]
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return len(self.renderer.prompt_ids(request.messages, request.tools))
+
+    def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
+        cursor = self._cursors.get(session_id)
+        if cursor is None:
+            cursor = self._cursors[session_id] = _Cursor(self.default_turns)
+        position = cursor.position
+        cursor.position += 1
+        return position, cursor.turns[position] if position < len(cursor.turns) else None
+
+    def _message(self, session_id: str, position: int, turn: ScriptTurn) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        if turn.reasoning_content is not None:
+            message["reasoning_content"] = turn.reasoning_content
+        calls = []
+        for k, call in enumerate(turn.tool_calls):
+            args = call.function.arguments
+            if not isinstance(args, str):
+                args = orjson.dumps(args).decode()
+            call_id = call.id or "call_" + hashlib.sha256(f"{session_id}/{position}/{k}".encode()).hexdigest()[:24]
+            calls.append(
+                {"id": call_id, "type": "function", "function": {"name": call.function.name, "arguments": args}}
+            )
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        started = time.perf_counter()
+        position, turn = self._next_turn(session_id)
+        if turn is None:
+            if self.config.on_exhausted == "error":
+                raise BackendError(f"scripted backend: the script of session {session_id} has no turn {position + 1}")
+            turn = ScriptTurn(content=self.config.exhausted_text)
+        if turn.error is not None:
+            raise BackendError(turn.error.message, status=turn.error.status)
+        message = self._message(session_id, position, turn)
+        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools)
+        response_ids = self.renderer.turn_ids(request.messages, request.tools, message)
+        finish = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
+        return Generation(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            model=self.config.model,
+            message=message,
+            finish_reason=finish,
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_logprobs=[_logprob(t, i) for i, t in enumerate(response_ids)],
+            response_tokens=self.renderer.tokens(response_ids),
+            token_source="backend",
+            backend=self.name,
+            backend_seconds=time.perf_counter() - started,
+            created=int(time.time()),
+        )

@@ -1,0 +1,254 @@
+"""OpenAI Chat Completions codec (``POST /v1/chat/completions``): qwen, pi, opencode and the openai SDK speak it.
+
+Decoding is mostly a clean-up (the normalized shape *is* chat): system/developer messages merge into one leading
+system message, text-only part lists become strings (as vLLM joins them), assistant history keeps content, tool calls
+(arguments as JSON strings) and reasoning. The synthetic stream is: a role chunk, a reasoning chunk, a content chunk,
+per tool call a header chunk then an arguments chunk, the finish_reason chunk, a usage chunk when
+``stream_options.include_usage``, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import orjson
+
+from polar_cli.errors import ProtocolError
+from polar_cli.models import Provider
+from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
+_DONE = b"data: [DONE]\n\n"
+
+
+def text_of(content: Any, where: str) -> str:
+    """Text of a string or a list of text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            else:
+                raise ProtocolError(f"{where}: expected text parts, got {str(part)[:80]}")
+        return "\n".join(out)
+    raise ProtocolError(f"{where}: content must be a string or a list of parts")
+
+
+def _content(content: Any, where: str) -> Any:
+    """Text-only part lists become one string (vLLM joins them with newlines); images stay as parts."""
+    if isinstance(content, list):
+        if all(isinstance(p, dict) and p.get("type", "text") == "text" for p in content):
+            return text_of(content, where)
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or "type" not in part:
+                raise ProtocolError(f"{where}[{k}]: each content part must be an object with a type")
+        return content
+    if content is not None and not isinstance(content, str):
+        raise ProtocolError(f"{where}: content must be a string, a list of parts or null")
+    return content
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise ProtocolError(f"{where}: tool_calls must be a list")
+    out = []
+    for k, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ProtocolError(f"{where}[{k}]: a tool call needs function.name")
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            args = orjson.dumps(args if args is not None else {}).decode()
+        out.append(
+            {
+                "id": call.get("id") or f"call_{k}",
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
+    return out
+
+
+def normalize_messages(raw: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages cleaned for the backend, system/developer text merged into one leading message."""
+    if not isinstance(raw, list) or not raw:
+        raise ProtocolError("'messages' must be a non-empty list")
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ProtocolError(f"{where} must be an object")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise ProtocolError(f"{where}.role must be one of {', '.join(sorted(_ROLES))}; got {role!r}")
+        if role in ("system", "developer"):
+            system.append(text_of(msg.get("content"), f"{where}.content"))
+            continue
+        if role == "assistant":
+            message: dict[str, Any] = {"role": "assistant", "content": _content(msg.get("content"), where)}
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                message["reasoning_content"] = reasoning
+            if msg.get("tool_calls"):
+                message["tool_calls"] = _tool_calls(msg["tool_calls"], f"{where}.tool_calls")
+            elif isinstance(msg.get("function_call"), dict):
+                message["tool_calls"] = _tool_calls([{"function": msg["function_call"]}], f"{where}.function_call")
+        elif role in ("tool", "function"):
+            message = {"role": "tool", "content": text_of(msg.get("content"), f"{where}.content")}
+            call_id = msg.get("tool_call_id") or msg.get("name")
+            if call_id:
+                message["tool_call_id"] = call_id
+        else:
+            message = {"role": "user", "content": _content(msg.get("content"), f"{where}.content")}
+        out.append(message)
+    if system:
+        out.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return out
+
+
+def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = body.get("tools")
+    if tools is None and isinstance(body.get("functions"), list):
+        tools = [{"type": "function", "function": f} for f in body["functions"]]
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ProtocolError("'tools' must be a list")
+    out = []
+    for k, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ProtocolError(f"tools[{k}] must be an object")
+        if tool.get("type", "function") != "function":
+            continue  # built-in tools of other providers cannot run on a local model
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ProtocolError(f"tools[{k}].function.name is required")
+        out.append({"type": "function", "function": fn})
+    return out or None  # vLLM rejects an empty tool list
+
+
+class OpenAIChatCodec(Codec):
+    """Chat Completions ⇄ normalized chat."""
+
+    provider: ClassVar[Provider] = "openai_chat"
+
+    def decode(self, body: dict[str, Any], route: Route) -> ChatRequest:
+        if body.get("n") not in (None, 1):
+            raise ProtocolError("only n=1 is supported")
+        params = {k: body[k] for k in SAMPLING_PARAMS if body.get(k) is not None}
+        if "max_tokens" not in params and body.get("max_completion_tokens") is not None:
+            params["max_tokens"] = body["max_completion_tokens"]
+        tools = normalize_tools(body)
+        choice = body.get("tool_choice") if tools else None
+        if not tools:
+            params.pop("parallel_tool_calls", None)
+        options = body.get("stream_options")
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        model = body.get("model")
+        return ChatRequest(
+            model=model if isinstance(model, str) and model else "default",
+            messages=normalize_messages(body.get("messages")),
+            tools=tools,
+            tool_choice=choice,
+            params=params,
+            stream=bool(body.get("stream")),
+            context={"include_usage": include_usage},
+        )
+
+    def _message(self, generation: Generation) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": generation.message.get("content")}
+        if generation.reasoning:
+            message["reasoning_content"] = generation.reasoning
+        if generation.tool_calls:
+            message["tool_calls"] = generation.tool_calls
+        return message
+
+    def _usage(self, generation: Generation) -> dict[str, int]:
+        p, c = generation.prompt_tokens, generation.completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _id(self, generation: Generation) -> str:
+        return generation.id or f"chatcmpl-{uuid.uuid4().hex}"
+
+    def encode(self, generation: Generation, request: ChatRequest) -> dict[str, Any]:
+        return {
+            "id": self._id(generation),
+            "object": "chat.completion",
+            "created": generation.created or int(time.time()),
+            "model": request.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": self._message(generation),
+                    "logprobs": None,
+                    "finish_reason": generation.finish_reason,
+                }
+            ],
+            "usage": self._usage(generation),
+        }
+
+    def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
+        include_usage = bool(request.context.get("include_usage"))
+        head = {
+            "id": self._id(generation),
+            "object": "chat.completion.chunk",
+            "created": generation.created or int(time.time()),
+            "model": request.model,
+        }
+        if include_usage:
+            head["usage"] = None
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        if generation.reasoning:
+            yield chunk({"reasoning_content": generation.reasoning})
+        if generation.text:
+            yield chunk({"content": generation.text})
+        for index, call in enumerate(generation.tool_calls):
+            fn = call.get("function") or {}
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call.get("id"),
+                            "type": "function",
+                            "function": {"name": fn.get("name"), "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            if fn.get("arguments"):
+                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": fn["arguments"]}}]})
+        yield chunk({}, generation.finish_reason)
+        if include_usage:
+            yield b"data: " + orjson.dumps({**head, "choices": [], "usage": self._usage(generation)}) + b"\n\n"
+        yield _DONE
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": None, "code": _ERROR_CODES.get(status)}}
+
+    def stream_error(self, status: int, message: str) -> bytes:
+        return b"data: " + orjson.dumps(self.error_body(status, message)) + b"\n\n"

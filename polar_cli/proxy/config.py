@@ -1,0 +1,52 @@
+"""The proxy's configuration (what ``polar proxy`` options and the gateway's config fill in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from polar_cli.errors import ConfigError
+from polar_cli.models import StrictModel
+from polar_cli.proxy.retry import RetryConfig
+
+_HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})
+
+
+class ProxyConfig(StrictModel):
+    """Everything one proxy needs: the backend, where journals go, where it listens."""
+
+    backend: str = "scripted"
+    backend_url: str | None = None
+    model: str | None = Field(default=None, description="upstream model name (scripted: the name it reports)")
+    tokenizer: str | None = Field(default=None, description="HF tokenizer dir or id")
+    script: str | None = Field(default=None, description="scripted backend: default script file for every session")
+    journal_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    public_url: str | None = Field(default=None, description="base URL handed to harnesses; default: where it listens")
+    control_token: str | None = Field(default=None, description="if set, /sessions routes need this Bearer token")
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    backend_timeout_s: float | None = Field(default=None, gt=0)
+    backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
+    max_body_mb: float = Field(default=64.0, gt=0)
+
+    def backend_config(self) -> dict[str, Any]:
+        """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept)."""
+        options: dict[str, Any] = {}
+        if self.backend == "scripted":
+            if self.backend_url:
+                raise ConfigError("the scripted backend takes no --backend-url")
+            options.update(script=self.script, tokenizer=self.tokenizer, model=self.model)
+        else:
+            if self.script:
+                raise ConfigError("--script only applies to the scripted backend")
+            if self.backend in _HTTP_BACKENDS and not self.backend_url:
+                raise ConfigError(f"the {self.backend} backend needs --backend-url")
+            options.update(url=self.backend_url, model=self.model, tokenizer=self.tokenizer)
+            if self.backend in _HTTP_BACKENDS:
+                options["retry"] = self.retry
+                options["timeout_s"] = self.backend_timeout_s
+        options.update(self.backend_options)
+        return {k: v for k, v in options.items() if v is not None}

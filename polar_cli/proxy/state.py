@@ -1,0 +1,59 @@
+"""ProxyState: the backend client, the session registry and the URLs, shared by the HTTP app and the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from polar_cli.interfaces.backend import BackendClient
+from polar_cli.models import Completion
+from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
+
+
+class ProxyState:
+    """One proxy's live state. The gateway uses it directly from Python; the aiohttp app serves it over HTTP."""
+
+    def __init__(self, config: ProxyConfig, backend: BackendClient | None = None) -> None:
+        from polar_cli.registry import get_backend
+
+        self.config = config
+        # creating the client validates the backend options and loads tokenizers/scripts: fail fast, before serving
+        self.backend = backend or get_backend(config.backend).client(**config.backend_config())
+        self.registry = SessionRegistry(self.backend, config.journal_dir)
+        self.base_url: str | None = config.public_url
+        self._models: list[str] | None = None
+
+    def session_info(self, session: Session, base_url: str | None = None) -> dict[str, Any]:
+        """What a session's creator needs: id, secret, base URLs per provider family."""
+        info = session.summary(base_url or self.base_url)
+        info["api_key"] = session.api_key
+        return info
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        backend_options: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        session = await self.registry.create_session(session_id, metadata, backend_options)
+        return self.session_info(session)
+
+    def get_completions(self, session_id: str) -> list[Completion]:
+        return self.registry.get_completions(session_id)
+
+    async def close_session(self, session_id: str) -> Session:
+        return await self.registry.close_session(session_id)
+
+    def urls(self, session_id: str) -> dict[str, str]:
+        return base_urls(self.base_url or "", session_id)
+
+    async def models(self) -> list[str]:
+        """The backend's model names, asked once."""
+        if self._models is None:
+            self._models = await self.backend.models() or ["default"]
+        return self._models
+
+    async def close(self) -> None:
+        await self.registry.close_all()
+        await self.backend.close()

@@ -1,0 +1,69 @@
+"""``polar proxy``: starts, prints its URL and how to create a session, serves, and stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+
+def test_polar_proxy_runs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    from polar_cli.demo_model import build_demo_tokenizer
+
+    tokenizer = build_demo_tokenizer(tmp_path / "tok")
+    script = tmp_path / "script.json"
+    script.write_text('[{"content": "hello from the script"}]')
+    cmd = [
+        sys.executable,
+        "-m",
+        "polar_cli",
+        "proxy",
+        "--port",
+        "0",
+        "--journal",
+        str(tmp_path / "journal"),
+        "--script",
+        str(script),
+        "--tokenizer",
+        str(tokenizer),
+    ]
+    env = {**os.environ, "POLAR_LOAD_PLUGINS": ""}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        match = re.search(r"Polar proxy on (http://\S+)", first)
+        assert match, first + (proc.stderr.read() if proc.stderr else "")
+        url = match.group(1)
+        assert "POST" in proc.stdout.readline() + proc.stdout.readline()
+        info = httpx.post(f"{url}/sessions", json={"session_id": "cli"}).json()
+        answer = httpx.post(
+            f"{info['base_urls']['openai']}/chat/completions",
+            headers={"x-api-key": info["api_key"]},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        ).json()
+        assert answer["choices"][0]["message"]["content"] == "hello from the script"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Stopped." in out and "Traceback" not in err
+    assert len((tmp_path / "journal" / "cli.jsonl").read_text().splitlines()) == 1
+
+
+def test_polar_proxy_rejects_bad_options() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "polar_cli", "proxy", "--backend", "vllm"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POLAR_LOAD_PLUGINS": ""},
+    )
+    assert result.returncode == 2 and "needs --backend-url" in result.stderr and "Traceback" not in result.stderr
