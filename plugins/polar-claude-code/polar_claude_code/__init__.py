@@ -1,22 +1,80 @@
-"""Polar plugin: the Claude Code harness."""
+"""Polar plugin: the Claude Code harness (``@anthropic-ai/claude-code``), Anthropic Messages API.
+
+Everything is environment: ``CLAUDE_CONFIG_DIR=<home>/.claude`` (never the user's), ``ANTHROPIC_BASE_URL`` and
+``ANTHROPIC_API_KEY`` (sent as ``x-api-key``) from the session, the served model pinned in every model variable
+(main, opus/sonnet/haiku defaults, the small fast model, sub-agents), non-essential traffic (title calls, Anthropic
+hosts), telemetry, error reporting and the auto-updater off, and ``IS_SANDBOX=1`` so that
+``--dangerously-skip-permissions`` is accepted when running as root. ``claude -p`` reads the instruction from stdin
+(then EOF); ``--output-format json`` prints one result object whose ``is_error`` catches failures that exit 0.
+
+Its package's install script copies the native binary into place, so it runs at install time (npm >= 11 needs that
+allowed explicitly). Config: ``settings`` (written as ``<home>/.claude/settings.json``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
-from polar_cli.errors import NotImplementedYetError
+from polar_cli.harnesses.npm import NpmHarness, dump_json
 from polar_cli.hookspecs import Register, hookimpl
-from polar_cli.interfaces import Harness
+from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
+
+MODEL_VARIABLES = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+OFF_SWITCHES = (
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    "DISABLE_AUTOUPDATER",
+    "DISABLE_TELEMETRY",
+    "DISABLE_ERROR_REPORTING",
+    "DISABLE_BUG_COMMAND",
+    "DISABLE_COST_WARNINGS",
+    "CLAUDE_CODE_DISABLE_TERMINAL_TITLE",
+)
 
 
-class ClaudeCodeHarness(Harness):
+class ClaudeCodeHarness(NpmHarness):
     """Claude Code (``@anthropic-ai/claude-code``), Anthropic Messages API."""
 
-    name = "claude_code"
-    description = "Claude Code (@anthropic-ai/claude-code), Anthropic Messages API"
+    name: ClassVar[str] = "claude_code"
+    description: ClassVar[str] = "Claude Code (@anthropic-ai/claude-code), Anthropic Messages API"
+    npm_package: ClassVar[str] = "@anthropic-ai/claude-code"
+    version: ClassVar[str] = "2.1.197"
+    binary: ClassVar[str] = "claude"
+    allow_scripts: ClassVar[tuple[str, ...]] = ("@anthropic-ai/claude-code",)
+    provider: ClassVar[str] = "anthropic"
+    shell_tool: ClassVar[tuple[str, str]] = ("Bash", "command")
 
-    def launch(self, context: Any) -> Any:
-        raise NotImplementedYetError("harness 'claude_code' (polar-claude-code) is declared but not implemented yet")
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        settings = dict(self.settings(context))
+        env = {
+            "CLAUDE_CONFIG_DIR": f"{context.home}/.claude",
+            "ANTHROPIC_BASE_URL": context.base_url("anthropic"),
+            "ANTHROPIC_API_KEY": context.api_key,
+            "IS_SANDBOX": "1",
+            **dict.fromkeys(MODEL_VARIABLES, context.model),
+            **dict.fromkeys(OFF_SWITCHES, "1"),
+        }
+        argv = ["-p", "--dangerously-skip-permissions", "--model", context.model, "--output-format", "json"]
+        files = {".claude/settings.json": dump_json(settings)} if settings else {}
+        return HarnessLaunch(argv=argv, env=env, files=files, stdin=context.instruction.encode())
+
+    def check_run(self, run: HarnessRun) -> str | None:
+        results = [event for event in json_lines(run.stdout) if event.get("type") == "result"]
+        if results and results[-1].get("is_error"):
+            result = results[-1]
+            return f"claude reported an error ({result.get('subtype')}): {str(result.get('result') or '')[:2000]}"
+        failure = super().check_run(run)
+        if failure:
+            return failure
+        if not results:
+            return "claude printed no result object"
+        return None
 
 
 @hookimpl

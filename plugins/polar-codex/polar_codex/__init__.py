@@ -1,22 +1,68 @@
-"""Polar plugin: the Codex CLI harness."""
+"""Polar plugin: the Codex CLI harness (``@openai/codex``), OpenAI Responses API.
+
+``CODEX_HOME=<home>/.codex`` holds ``config.toml``: one model provider ``polar`` (``wire_api = "responses"``, the
+only one codex accepts, its key read from ``POLAR_API_KEY``), approvals off and a full-access sandbox (the runtime is
+the sandbox), plugin sync, analytics, feedback, history and the update check off, and the model pinned everywhere
+it is named (``model``, ``review_model``). ``--strict-config`` makes a misspelt key an error instead of a silent
+no-op. ``codex exec -`` reads the instruction from stdin (then EOF), so nothing in it is parsed as an option.
+
+Config: ``settings`` (merged into config.toml, e.g. ``{"model_context_window": 32768}``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from polar_cli.errors import NotImplementedYetError
+from polar_cli.harnesses.npm import NpmHarness, deep_merge
+from polar_cli.harnesses.toml import dumps as toml_dumps
 from polar_cli.hookspecs import Register, hookimpl
-from polar_cli.interfaces import Harness
+from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
+
+KEY_VARIABLE = "POLAR_API_KEY"
 
 
-class CodexHarness(Harness):
+class CodexHarness(NpmHarness):
     """OpenAI Codex CLI (``@openai/codex``), OpenAI Responses API."""
 
-    name = "codex"
-    description = "OpenAI Codex CLI (@openai/codex), Responses API"
+    name: ClassVar[str] = "codex"
+    description: ClassVar[str] = "OpenAI Codex CLI (@openai/codex), Responses API"
+    npm_package: ClassVar[str] = "@openai/codex"
+    version: ClassVar[str] = "0.169.0"
+    binary: ClassVar[str] = "codex"
+    provider: ClassVar[str] = "openai"
+    shell_tool: ClassVar[tuple[str, str]] = ("exec_command", "cmd")
 
-    def launch(self, context: Any) -> Any:
-        raise NotImplementedYetError("harness 'codex' (polar-codex) is declared but not implemented yet")
+    def config_toml(self, context: HarnessContext) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "model": context.model,
+            "review_model": context.model,
+            "model_provider": "polar",
+            "approval_policy": "never",
+            "sandbox_mode": "danger-full-access",
+            "check_for_update_on_startup": False,
+            "model_providers": {
+                "polar": {
+                    "name": "polar",
+                    "base_url": context.base_url("openai"),
+                    "env_key": KEY_VARIABLE,
+                    "wire_api": "responses",
+                }
+            },
+            "features": {"plugins": False},
+            "analytics": {"enabled": False},
+            "feedback": {"enabled": False},
+            "history": {"persistence": "none"},
+        }
+        return deep_merge(config, self.settings(context))
+
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        argv = ["exec", "--skip-git-repo-check", "--strict-config", "--color", "never", "-C", context.workdir, "-"]
+        return HarnessLaunch(
+            argv=argv,
+            env={"CODEX_HOME": f"{context.home}/.codex", KEY_VARIABLE: context.api_key},
+            files={".codex/config.toml": toml_dumps(self.config_toml(context))},
+            stdin=context.instruction.encode(),
+        )
 
 
 @hookimpl

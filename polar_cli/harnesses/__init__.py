@@ -1,0 +1,5 @@
+"""Harness adapters: the shared npm base, installs into Polar-managed prefixes, running a harness, ``polar doctor``.
+
+Built-ins (``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``) are registered by
+:mod:`polar_cli.plugins.harnesses`; ``codex`` and ``claude_code`` live in the polar-codex and polar-claude-code plugins.
+"""

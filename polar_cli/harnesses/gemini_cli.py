@@ -1,0 +1,46 @@
+"""Gemini CLI (``@google/gemini-cli``): Google ``streamGenerateContent`` through ``GOOGLE_GEMINI_BASE_URL``.
+
+``GEMINI_CLI_HOME=<home>`` puts its ``.gemini/settings.json`` in the session home: API-key auth selected (without it:
+exit 41), usage statistics, telemetry and auto-update off. ``--skip-trust`` (else exit 55), ``--yolo`` bypasses
+approvals, ``-m`` pins the model (without it the CLI first makes a router side call). The instruction is one
+``--prompt=<text>`` argument (stdin when longer than 100 kB). Config: ``settings`` (merged into settings.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json, prompt_flag
+from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
+
+
+class GeminiCliHarness(NpmHarness):
+    name: ClassVar[str] = "gemini_cli"
+    description: ClassVar[str] = "Gemini CLI (@google/gemini-cli), Google generateContent"
+    npm_package: ClassVar[str] = "@google/gemini-cli"
+    version: ClassVar[str] = "0.61.0"
+    binary: ClassVar[str] = "gemini"
+    provider: ClassVar[str] = "google"
+    shell_tool: ClassVar[tuple[str, str]] = ("run_shell_command", "command")
+    shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
+
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        settings: dict[str, Any] = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        }
+        settings = deep_merge(settings, self.settings(context))
+        prompt, stdin = prompt_flag("--prompt", context.instruction)
+        return HarnessLaunch(
+            argv=[*prompt, "--yolo", "--skip-trust", "--model", context.model],
+            env={
+                "GEMINI_CLI_HOME": context.home,
+                "GEMINI_API_KEY": context.api_key,
+                "GOOGLE_GEMINI_BASE_URL": context.base_url("google"),
+                "GEMINI_MODEL": context.model,
+            },
+            stdin=stdin,
+            files={".gemini/settings.json": dump_json(settings)},
+        )

@@ -1,0 +1,100 @@
+"""opencode (``opencode-ai``): OpenAI Chat Completions through its bundled ``@ai-sdk/openai-compatible`` provider.
+
+``XDG_*`` point into the session home, so its config (``.config/opencode/opencode.json``: one provider ``polar``,
+``model`` and ``small_model`` both the served model, the title agent disabled, every permission allowed, autoupdate
+and sharing off), data, cache and state stay there. The ``OPENCODE_DISABLE_*`` switches stop model-list fetches,
+update checks, LSP downloads, default plugins and reading Claude Code's files. ``opencode run`` quotes message
+arguments that contain spaces, so the instruction goes in on stdin (verbatim, then EOF). ``--format json`` prints
+its events; an ``error`` event is a failure even when it exits 0.
+
+Known: at start it tries a background ``npm install @opencode-ai/plugin`` into its config dir; offline that fails
+with a logged warning only. Config: ``settings`` (merged into opencode.json), ``model_limits``
+(``{"context": N, "output": N}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
+from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
+
+OFF_SWITCHES = (
+    "OPENCODE_DISABLE_AUTOUPDATE",
+    "OPENCODE_DISABLE_MODELS_FETCH",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD",
+    "OPENCODE_DISABLE_SHARE",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
+    "OPENCODE_DISABLE_CLAUDE_CODE",
+)
+
+
+class OpencodeHarness(NpmHarness):
+    name: ClassVar[str] = "opencode"
+    description: ClassVar[str] = "opencode (opencode-ai), OpenAI chat via @ai-sdk/openai-compatible"
+    npm_package: ClassVar[str] = "opencode-ai"
+    version: ClassVar[str] = "1.18.33"
+    binary: ClassVar[str] = "opencode"
+    allow_scripts: ClassVar[tuple[str, ...]] = ("opencode-ai",)  # its postinstall puts the native binary in place
+    provider: ClassVar[str] = "openai"
+    shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
+    shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
+    config_keys: ClassVar[frozenset[str]] = frozenset({"settings", "model_limits"})
+
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        model_entry: dict[str, Any] = {"name": context.model}
+        if context.config.get("model_limits"):
+            model_entry["limit"] = dict(context.config["model_limits"])
+        config: dict[str, Any] = {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {
+                "polar": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "Polar",
+                    "options": {"baseURL": context.base_url("openai"), "apiKey": context.api_key},
+                    "models": {context.model: model_entry},
+                }
+            },
+            "model": f"polar/{context.model}",
+            "small_model": f"polar/{context.model}",
+            "autoupdate": False,
+            "share": "disabled",
+            "agent": {"title": {"disable": True}},
+            "permission": {
+                "edit": "allow",
+                "bash": "allow",
+                "webfetch": "allow",
+                "external_directory": "allow",
+                "doom_loop": "allow",
+            },
+        }
+        config = deep_merge(config, self.settings(context))
+        home = context.home
+        env = {
+            "XDG_CONFIG_HOME": f"{home}/.config",
+            "XDG_DATA_HOME": f"{home}/.local/share",
+            "XDG_CACHE_HOME": f"{home}/.cache",
+            "XDG_STATE_HOME": f"{home}/.local/state",
+            **dict.fromkeys(OFF_SWITCHES, "1"),
+        }
+        argv = ["run", "--pure", "--auto", "--title", "polar", "--format", "json", "--model", f"polar/{context.model}"]
+        return HarnessLaunch(
+            argv=argv,
+            env=env,
+            files={".config/opencode/opencode.json": dump_json(config)},
+            stdin=context.instruction.encode(),
+        )
+
+    def check_run(self, run: HarnessRun) -> str | None:
+        failure = super().check_run(run)
+        if failure:
+            return failure
+        events = json_lines(run.stdout)
+        errors = [event for event in events if event.get("type") == "error"]
+        if errors:
+            error = errors[-1].get("error")
+            detail = error.get("data", {}).get("message") or error.get("name") if isinstance(error, dict) else error
+            return f"opencode reported an error: {detail}"
+        if not any(event.get("type") == "step_finish" for event in events):
+            return "opencode finished no step (no step_finish event)"
+        return None

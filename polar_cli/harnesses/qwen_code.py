@@ -1,0 +1,49 @@
+"""Qwen Code (``@qwen-code/qwen-code``): OpenAI Chat Completions through ``OPENAI_*`` variables.
+
+Its home is ``<home>/.qwen`` (``QWEN_HOME``) with a ``settings.json`` that switches off usage statistics (else it
+sends telemetry to an aliyun host), telemetry and the update check; ``QWEN_DISABLE_AUTO_TITLE`` stops the session
+title side call. The instruction is one ``--prompt=<text>`` argument (stdin when longer than 100 kB): joined with
+``=`` so a leading ``-`` is never read as an option. ``--yolo`` bypasses approvals. Config: ``settings`` (merged into
+settings.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json, prompt_flag
+from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
+
+
+class QwenCodeHarness(NpmHarness):
+    name: ClassVar[str] = "qwen_code"
+    description: ClassVar[str] = "Qwen Code (@qwen-code/qwen-code), OpenAI chat"
+    npm_package: ClassVar[str] = "@qwen-code/qwen-code"
+    version: ClassVar[str] = "0.15.10"
+    binary: ClassVar[str] = "qwen"
+    provider: ClassVar[str] = "openai"
+    shell_tool: ClassVar[tuple[str, str]] = ("run_shell_command", "command")
+    shell_tool_extra: ClassVar[dict[str, Any]] = {"is_background": False, "description": "polar doctor"}
+
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        settings: dict[str, Any] = {
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"enableAutoUpdate": False},
+        }
+        settings = deep_merge(settings, self.settings(context))
+        model = context.model
+        prompt, stdin = prompt_flag("--prompt", context.instruction)
+        return HarnessLaunch(
+            argv=[*prompt, "--yolo", "--model", model],
+            env={
+                "QWEN_HOME": f"{context.home}/.qwen",
+                "OPENAI_BASE_URL": context.base_url("openai"),
+                "OPENAI_API_KEY": context.api_key,
+                "OPENAI_MODEL": model,
+                "GEMINI_MODEL": model,
+                "QWEN_DISABLE_AUTO_TITLE": "1",
+            },
+            stdin=stdin,
+            files={".qwen/settings.json": dump_json(settings)},
+        )
