@@ -12,7 +12,13 @@ from polar_cli import __version__
 from polar_cli.errors import PolarError
 
 # One module per command under polar_cli.commands; each exposes ``register(app)``.
-COMMAND_MODULES: tuple[str, ...] = ("polar_cli.commands.plugins",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "polar_cli.commands.plugins",
+    "polar_cli.commands.harness",
+    "polar_cli.commands.doctor",
+    "polar_cli.commands.proxy",
+    "polar_cli.commands.run",
+)
 
 
 def _version(value: bool) -> None:

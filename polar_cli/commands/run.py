@@ -1,0 +1,169 @@
+"""``polar run TASK.yaml|json`` (or flags): run one task's sessions on an embedded gateway and summarize them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from polar_cli.config import read_data_file
+from polar_cli.errors import ConfigError
+from polar_cli.gateway.config import PipelineConfig
+from polar_cli.gateway.node import GatewayConfig, run_embedded
+from polar_cli.models import SessionResult, TaskRequest, validate_model
+from polar_cli.proxy.config import ProxyConfig
+from polar_cli.registry import get_harness
+
+STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "cancelled": "magenta"}
+
+
+def build_task(path: Path | None, overrides: dict[str, Any]) -> TaskRequest:
+    """The task from ``path`` (YAML/JSON) with flag ``overrides`` (dotted keys) applied, or from the flags alone."""
+    data: Any = read_data_file(path) if path is not None else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a task file holds one mapping (a TaskRequest), not {type(data).__name__}")
+    if path is None:
+        data.setdefault("task_id", f"run-{secrets.token_hex(3)}")
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = target.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{path or 'polar run'}: {key} must be a mapping")
+            target = node
+        target[leaf] = value
+    return validate_model(TaskRequest, data, source=str(path) if path else "polar run")
+
+
+def _short(text: str | None, limit: int = 70) -> str:
+    line = (text or "").strip().splitlines()[0] if text and text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def summary_table(results: list[SessionResult]) -> Table:
+    table = Table(title="sessions")
+    for column in ("session", "status", "reward", "completions", "traces", "trainable tokens", "seconds", "error"):
+        table.add_column(column, justify="left" if column in ("session", "status", "error") else "right")
+    for r in results:
+        style = STATUS_STYLE.get(r.status, "")
+        table.add_row(
+            r.session_id,
+            f"[{style}]{r.status}[/{style}]" if style else r.status,
+            "-" if r.reward is None else f"{r.reward:g}",
+            str(r.num_completions),
+            str(len(r.trajectory.traces)),
+            str(sum(t.trainable_tokens for t in r.trajectory.traces)),
+            f"{r.stage_seconds.get('total', 0.0):.1f}",
+            _short(r.error),
+        )
+    return table
+
+
+def _stages(metrics: dict[str, Any]) -> str:
+    s = metrics["stages"]
+    return (f"init {s['init']['in_flight']}+{s['init']['queued']} queued · ready {s['ready']['queued']} · "
+            f"running {s['running']['in_flight']}/{s['running']['capacity']} · "
+            f"postrun {s['postrun']['in_flight']}+{s['postrun']['queued']} queued")  # fmt: skip
+
+
+def run(
+    task_file: Annotated[Path | None, typer.Argument(help="A TaskRequest as YAML or JSON.", show_default=False)] = None,
+    harness: str | None = typer.Option(None, "--harness", help="agent.harness (e.g. shell, codex, pi)."),
+    instruction: str | None = typer.Option(None, "--instruction", help="The task's instruction."),
+    command: str | None = typer.Option(None, "--command", help="agent.config.command (the shell harness)."),
+    runtime: str | None = typer.Option(None, "--runtime", help="runtime.backend: local, docker, apptainer."),
+    image: str | None = typer.Option(None, "--image", help="runtime.image (docker/apptainer)."),
+    samples: int | None = typer.Option(None, "--samples", help="num_samples: sessions to run."),
+    timeout: float | None = typer.Option(None, "--timeout", help="timeout_seconds: the agent's budget per session."),
+    builder: str | None = typer.Option(None, "--builder", help="builder.strategy: prefix_merging, per_request."),
+    evaluator: str | None = typer.Option(None, "--evaluator", help="evaluator.strategy."),
+    backend: str = typer.Option("scripted", "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
+    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL."),
+    model: str | None = typer.Option(None, "--model", help="Upstream model name (default: the server's first)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
+    script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
+    out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
+    run_slots: int = typer.Option(8, "--run-slots", help="Harnesses running at once."),
+    init_workers: int = typer.Option(8, "--init-workers", help="Runtimes starting at once."),
+    postrun_workers: int = typer.Option(8, "--postrun-workers", help="Sessions building/evaluating at once."),
+    install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if it is missing."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the gateway."),
+) -> None:
+    """Run one task's sessions on an embedded gateway: live progress, a summary table, results as JSONL.
+
+    Exits 1 when any session ended with status error, else 0."""
+    logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
+    if task_file is None and (harness is None or instruction is None):
+        raise ConfigError("polar run: give a task file, or at least --harness and --instruction")
+    overrides = {
+        "agent.harness": harness, "instruction": instruction, "agent.config.command": command,
+        "runtime.backend": runtime, "runtime.image": image, "num_samples": samples, "timeout_seconds": timeout,
+        "builder.strategy": builder, "evaluator.strategy": evaluator,
+    }  # fmt: skip
+    task = build_task(task_file, overrides)
+    proxy = validate_model(
+        ProxyConfig,
+        {"backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script},
+        source="polar run",
+    )
+    pipeline = validate_model(
+        PipelineConfig,
+        {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},
+        source="polar run",
+    )
+    config = GatewayConfig(port=0, data_dir=data_dir, pipeline=pipeline, proxy=proxy)
+    console = Console(stderr=True)
+    agent = get_harness(task.agent.harness)
+    if not agent.is_installed() and agent.version:
+        if not install:
+            raise ConfigError(f"harness {agent.name!r} is not installed: polar harness install {agent.name}")
+        with console.status(f"installing {agent.name} {agent.version}"):
+            agent.install()
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[stages]}"), console=console, transient=False,
+    ) as progress:  # fmt: skip
+        bar = progress.add_task(task.task_id, total=task.num_samples, stages="starting")
+
+        def update(metrics: dict[str, Any], finished: list[SessionResult]) -> None:
+            progress.update(bar, completed=len(finished), stages=_stages(metrics))
+
+        base_dir = task_file.resolve().parent if task_file is not None else None
+
+        async def main() -> list[SessionResult]:
+            # SIGTERM stops like Ctrl-C: every session is cancelled, torn down and still gets its result
+            current = asyncio.current_task()
+            if current is not None:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
+            return await run_embedded(task, config, base_dir=base_dir, on_progress=update)
+
+        try:
+            results = asyncio.run(main())
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+    Console().print(summary_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(r.model_dump_json() + "\n" for r in results), encoding="utf-8")
+    where = f"results: {out} and {data_dir / 'results'}" if out else f"results: {data_dir / 'results'}"
+    console.print(f"{where}; journals: {data_dir / 'journal'}")
+    raise typer.Exit(1 if any(r.status == "error" for r in results) else 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

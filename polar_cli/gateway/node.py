@@ -1,0 +1,270 @@
+"""A gateway node: the proxy, the staged pipeline and the result store in one process, behind one HTTP server.
+
+Routes (``Authorization: Bearer <control_token>`` when one is configured):
+
+| route | what |
+|---|---|
+| ``POST /sessions`` | ``{task: TaskRequest, sample_index?, session_id?}``: one full session → 201 ``{session_id}`` |
+| ``GET /sessions/{id}`` | ``{session_id, stage, stage_seconds, result?}`` (finished ones also from the result store) |
+| ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
+| ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
+| ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
+| ``GET /healthz`` | ``{ok, sessions}`` |
+| ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import Field
+
+from polar_cli.errors import ConfigError, PolarError, ProxyError, SessionError
+from polar_cli.gateway.config import PipelineConfig
+from polar_cli.gateway.jobs import SessionBudget, SessionJob
+from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
+from polar_cli.gateway.results import ResultStore
+from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
+from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
+from polar_cli.proxy.app import create_proxy_app
+from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy.server import listen_url
+from polar_cli.proxy.state import ProxyState
+
+PROXY_PREFIX = "/proxy"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class GatewayConfig(StrictModel):
+    """One gateway node: where it listens, where it keeps data, its pools and its proxy's backend."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8790, ge=0, le=65535)
+    public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
+    data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
+    scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
+    control_token: str | None = None
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
+
+    def proxy_config(self) -> ProxyConfig:
+        journal = self.proxy.journal_dir or self.data_dir / "journal"
+        return self.proxy.model_copy(update={"journal_dir": journal, "control_token": self.control_token})
+
+
+class SessionCreate(StrictModel):
+    """Body of ``POST /sessions``: one session (one sample) of a task."""
+
+    task: TaskRequest
+    sample_index: int = Field(default=0, ge=0)
+    session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def session_id_for(task_id: str, sample_index: int) -> str:
+    """``<task id, made safe>-<sample>-<random>``: readable and unique."""
+    slug = _UNSAFE.sub("_", task_id).strip("._-")[:96] or "task"
+    return f"{slug}-{sample_index}-{secrets.token_hex(4)}"
+
+
+class GatewayNode:
+    """``async with GatewayNode(config) as node:`` serves; ``await node.run_task(task)`` runs one task in-process."""
+
+    def __init__(
+        self,
+        config: GatewayConfig | None = None,
+        *,
+        proxy: ProxyState | None = None,
+        base_dir: Path | None = None,
+        on_result: Iterable[ResultCallback] = (),
+    ) -> None:
+        self.config = config or GatewayConfig()
+        self.proxy = proxy or ProxyState(self.config.proxy_config())
+        self.store = ResultStore(self.config.data_dir / "results")
+        self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
+        self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result)
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = self.create_app()
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ProxyError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}") from exc
+        port = self._runner.addresses[0][1]
+        self.url = (self.config.public_url or listen_url(self.config.host, port)).rstrip("/")
+        self.proxy.base_url = self.url + PROXY_PREFIX
+        await self.pipeline.start()
+
+    async def close(self) -> None:
+        """Cancel what is in flight (each session still gets its result), then stop serving."""
+        await self.pipeline.close()
+        if self._runner is not None:
+            await self._runner.cleanup()  # closes the proxy (its cleanup hook) too
+            self._runner = None
+
+    async def __aenter__(self) -> GatewayNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- Python API ---------------------------------------------------------------------------------------------
+
+    def job_for(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+        return SessionJob(
+            session_id=session_id or session_id_for(task.task_id, sample_index),
+            budget=SessionBudget.for_task(task, self.config.pipeline),
+            task=task,
+            sample_index=sample_index,
+            metadata={k: v for k, v in task.metadata.items() if k != "script"},
+        )
+
+    async def submit(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+        check_task(task)
+        return await self.pipeline.submit(self.job_for(task, sample_index, session_id))
+
+    async def submit_task(self, task: TaskRequest) -> list[SessionJob]:
+        """All ``num_samples`` sessions of ``task``."""
+        check_task(task)
+        return [await self.pipeline.submit(self.job_for(task, i)) for i in range(task.num_samples)]
+
+    async def run_task(self, task: TaskRequest) -> list[SessionResult]:
+        jobs = await self.submit_task(task)
+        return [await self.pipeline.wait(job.session_id) for job in jobs]
+
+    def describe(self, session_id: str) -> dict[str, Any]:
+        try:
+            job = self.pipeline.get(session_id)
+        except SessionError:
+            result = self.store.read(session_id)  # SessionError when unknown here too
+            return {"session_id": session_id, "stage": "finished", "result": result.model_dump(mode="json")}
+        out: dict[str, Any] = {"session_id": session_id, "task_id": job.task_id, "sample_index": job.sample_index,
+                               "stage": str(job.stage), "stage_seconds": job.stage_seconds()}  # fmt: skip
+        if job.result is not None:
+            out["result"] = job.result.model_dump(mode="json")
+        return out
+
+    # ---- HTTP ---------------------------------------------------------------------------------------------------
+
+    def create_app(self) -> web.Application:
+        app = web.Application(client_max_size=int(self.proxy.config.max_body_mb * 1024 * 1024))
+        guard = self._guard
+        app.router.add_post("/sessions", guard(self._create))
+        app.router.add_get("/sessions/{session_id}", guard(self._get))
+        app.router.add_get("/sessions/{session_id}/result", guard(self._result))
+        app.router.add_delete("/sessions/{session_id}", guard(self._cancel))
+        app.router.add_get("/metrics", guard(self._metrics))
+        app.router.add_get("/healthz", self._health)
+        app.add_subapp(PROXY_PREFIX, create_proxy_app(self.proxy.config, self.proxy))
+        return app
+
+    def _guard(self, handler: Callable[[web.Request], Awaitable[web.Response]]) -> Any:
+        token = self.config.control_token
+
+        async def wrapper(request: web.Request) -> web.Response:
+            if token and not hmac.compare_digest(
+                request.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()
+            ):
+                return _error(401, "the gateway's control routes need its control token (Authorization: Bearer)")
+            try:
+                return await handler(request)
+            except ConfigError as exc:
+                return _error(400, str(exc))
+            except SessionError as exc:
+                return _error(409 if "already exists" in str(exc) else 404, str(exc))
+            except PolarError as exc:
+                return _error(500, str(exc))
+
+        return wrapper
+
+    async def _create(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"POST /sessions: body is not valid JSON: {exc}") from exc
+        spec = validate_model(SessionCreate, data, source="POST /sessions")
+        job = await self.submit(spec.task, spec.sample_index, spec.session_id)
+        return _json({"session_id": job.session_id, "task_id": job.task_id, "sample_index": job.sample_index,
+                      "stage": str(job.stage)}, 201)  # fmt: skip
+
+    async def _get(self, request: web.Request) -> web.Response:
+        return _json(self.describe(request.match_info["session_id"]))
+
+    async def _result(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["session_id"]
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError as exc:
+            raise ConfigError("wait must be a number of seconds") from exc
+        try:
+            result = await asyncio.wait_for(self.pipeline.wait(session_id), timeout=max(wait, 0.0) or 0.001)
+        except TimeoutError:
+            return _json({"session_id": session_id, "stage": str(self.pipeline.get(session_id).stage)}, 202)
+        return _json(result.model_dump(mode="json"))
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        result = await self.pipeline.cancel(request.match_info["session_id"])
+        return _json(result.model_dump(mode="json"))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return _json(self.pipeline.metrics())
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return _json({"ok": True, "sessions": len(self.pipeline.active())})
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": {"message": message}}, status)
+
+
+ProgressCallback = Callable[[dict[str, Any], list[SessionResult]], None]
+
+
+async def run_embedded(
+    task: TaskRequest,
+    config: GatewayConfig,
+    *,
+    base_dir: Path | None = None,
+    on_progress: ProgressCallback | None = None,
+    interval: float = 0.2,
+) -> list[SessionResult]:
+    """Run every session of ``task`` on a gateway node started for it (``polar run``); results in sample order.
+
+    ``on_progress(metrics, finished_results)`` is called every ``interval`` seconds and once at the end.
+    """
+    async with GatewayNode(config, base_dir=base_dir) as node:
+        jobs = await node.submit_task(task)
+        waiting = asyncio.gather(*(node.pipeline.wait(job.session_id) for job in jobs))
+        try:
+            while not waiting.done():
+                if on_progress is not None:
+                    on_progress(node.pipeline.metrics(), [job.result for job in jobs if job.result is not None])
+                await asyncio.wait({waiting}, timeout=interval)
+        except BaseException:
+            waiting.cancel()
+            raise
+        results = waiting.result()
+        if on_progress is not None:
+            on_progress(node.pipeline.metrics(), results)
+        return results

@@ -1,0 +1,12 @@
+"""Built-in evaluators: ``session_completion`` and ``test_on_output``."""
+
+from __future__ import annotations
+
+from polar_cli.evaluators import OutputTestEvaluator, SessionCompletionEvaluator
+from polar_cli.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def register_evaluators(register: Register) -> None:
+    register(SessionCompletionEvaluator())
+    register(OutputTestEvaluator())

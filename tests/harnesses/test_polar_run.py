@@ -1,0 +1,49 @@
+"""``polar run`` end to end with each built-in harness's real CLI: the scripted backend plays the model, the harness
+writes a file through its own shell tool, ``test_on_output`` checks it, and the trajectory passes ``verify``.
+
+codex and claude_code have the same test in their plugin packages (plugins/polar-*/tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polar_cli.harnesses.testing import check_run, in_ci, missing_cli_reason, polar_run
+from polar_cli.registry import get_harness
+
+pytestmark = pytest.mark.harness
+
+
+def need_cli(name: str) -> None:
+    reason = missing_cli_reason(get_harness(name))
+    if reason:
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("name", ["shell", "pi", "qwen_code", "gemini_cli", "opencode"])
+def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path: Path, name: str) -> None:
+    need_cli(name)
+    check_run(polar_run(name, tmp_path))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", ["shell", "pi"])
+def test_polar_run_in_docker_scores_in_a_fresh_container(tmp_path: Path, docker_image: str, name: str) -> None:
+    """refresh_runtime: the check runs in a second container, prewarmed during RUNNING, after the agent's patch."""
+    need_cli(name)
+    report = polar_run(name, tmp_path, "docker", refresh_runtime=True, image=docker_image)
+    check_run(report)
+    assert report.result is not None and report.result.metadata["evaluation"]["refreshed"] is True
+    from polar_cli.runtimes.docker import LABEL_SESSION, docker_client
+
+    client = docker_client()
+    try:  # both containers (the agent's, and the fresh one labelled <session>-eval) are gone
+        left = [c.name for c in client.containers.list(all=True)
+                if report.result.session_id in c.labels.get(LABEL_SESSION, "")]  # fmt: skip
+        assert left == []
+    finally:
+        client.close()
