@@ -108,16 +108,18 @@ def _from_tokenizer_path(source: str, builder: str) -> frozenset[int]:
     if ids:
         return ids
     try:
-        from transformers import AutoTokenizer, GenerationConfig
+        from polar_cli.hf import transformers
+
+        hf = transformers()
 
         if not directory.is_dir():
             try:
-                ids = _as_ids(GenerationConfig.from_pretrained(source).eos_token_id)
+                ids = _as_ids(hf.GenerationConfig.from_pretrained(source).eos_token_id)
             except (OSError, ValueError):
                 ids = None
             if ids:
                 return ids
-        loaded = AutoTokenizer.from_pretrained(str(directory) if directory.is_dir() else source)
+        loaded = hf.AutoTokenizer.from_pretrained(str(directory) if directory.is_dir() else source)
     except (OSError, ValueError) as exc:
         reason = " ".join(str(exc).split())  # one line: the CLI prints errors as one line
         raise BuildError(f"builder {builder!r}: cannot load tokenizer {source!r}: {reason}; {HOW_TO_PASS_EOS}") from exc

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -42,13 +41,11 @@ def _ensure_demo_tokenizer() -> Path:
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name_or_path: str | None = None) -> Any:
     """An HF tokenizer from a directory or hub id (None: the demo tokenizer, built on first use)."""
-    # transformers logs a warning about missing torch at import; tokenizers are all we need from it
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    from transformers import AutoTokenizer
+    from polar_cli.hf import transformers
 
     source = str(_ensure_demo_tokenizer()) if name_or_path is None else name_or_path
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return transformers().AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load tokenizer {source!r}: {exc}") from exc
 
