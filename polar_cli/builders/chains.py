@@ -13,8 +13,10 @@ When several chains qualify the longest last prompt wins (ties: see ``_break_tie
 a new chain, so no completion is ever dropped: sub-agents, parallel branches, compaction and chat templates that
 rewrite history simply yield more chains.
 
-Cost is linear in prompt tokens: each prefix check is one C-level list comparison, the end-of-turn search scans only
-the extension, and the slower diagnostics (break causes, tie-breaks) run only when a chain starts or a tie occurs.
+Cost is linear in prompt tokens: each prompt is serialized once (orjson, a few ns per token) and each prefix check is
+then one ``bytes.startswith`` (memcmp) on those serializations, which is exact for lists of ints (see ``prefix_key``).
+The end-of-turn search scans only the extension, and the slower diagnostics (break causes, tie-breaks) run only when
+a chain starts or a tie occurs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from polar_cli.builders.evidence import continues, first_message, messages_extend
 from polar_cli.models import Completion
@@ -83,6 +87,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def prefix_key(ids: Sequence[int]) -> bytes:
+    """Bytes such that ``serialized(p).startswith(prefix_key(q))`` iff ``q`` is a prefix of ``p`` and, when ``q`` is not
+    empty, ``p`` is longer: ``serialized`` is ``orjson.dumps``, whose ints are canonical decimals between commas, so a
+    match covers whole tokens only. (``[1, 2]`` gives ``b"[1,2,"``; ``[]`` gives ``b"["``.)"""
+    key = orjson.dumps(ids)[:-1]
+    return key + b"," if ids else key
+
+
 def first_end_of_turn(prompt: list[int], start: int, eot_ids: frozenset[int]) -> int:
     """Index of the first end-of-turn token at or after ``start``, or -1. Scans only ``prompt[start:]``."""
     best = -1
@@ -101,6 +113,7 @@ def partition(completions: Sequence[Completion], eot_ids: frozenset[int]) -> Par
     """Assign each completion, in order, to a chain; record a PrefixBreak for each chain after the first."""
     chains: list[Chain] = []
     last_prompt: list[list[int]] = []  # per chain, hot in the loop
+    last_key: list[bytes] = []  # per chain, prefix_key(last_prompt[ci])
     breaks: list[PrefixBreak] = []
     by_length: dict[int, list[int]] = {}  # prompt length -> positions seen so far, to find parallel siblings
 
@@ -111,6 +124,7 @@ def partition(completions: Sequence[Completion], eot_ids: frozenset[int]) -> Par
     for pos, completion in enumerate(completions):
         prompt = completion.prompt_ids
         size = len(prompt)
+        serialized = orjson.dumps(prompt)
         matches: list[tuple[int, int]] = []  # (chain, end-of-turn position)
         best_len = -1
         for ci, prev in enumerate(last_prompt):
@@ -120,7 +134,7 @@ def partition(completions: Sequence[Completion], eot_ids: frozenset[int]) -> Par
             # Cheap rejections before the full comparison; the ends differ first when histories diverge.
             if n and (prompt[n - 1] != prev[n - 1] or prompt[0] != prev[0]):
                 continue
-            if prompt[:n] != prev:
+            if not serialized.startswith(last_key[ci]):  # == (prompt[:n] == prev), given n < size
                 continue
             eot = first_end_of_turn(prompt, n, eot_ids)
             last = chains[ci].members[-1]
@@ -135,12 +149,19 @@ def partition(completions: Sequence[Completion], eot_ids: frozenset[int]) -> Par
             chains[ci].members.append(pos)
             chains[ci].eot_positions.append(eot)
             last_prompt[ci] = prompt
+            last_key[ci] = _key_of(serialized, size)
             continue
         if chains:
             breaks.append(_diagnose(completion, len(chains), chains, last_prompt, completions, eot_ids))
         chains.append(Chain(members=[pos]))
         last_prompt.append(prompt)
+        last_key.append(_key_of(serialized, size))
     return Partition(chains=chains, breaks=breaks)
+
+
+def _key_of(serialized: bytes, size: int) -> bytes:
+    """``prefix_key`` of a list from its ``orjson.dumps`` bytes, without serializing it again."""
+    return serialized[:-1] + b"," if size else serialized[:-1]
 
 
 def _break_tie(

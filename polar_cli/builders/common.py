@@ -7,14 +7,11 @@ import gc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from polar_cli.builders.config import BuilderConfig
 from polar_cli.errors import BuildError
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 
 PLACEHOLDER_LOGPROB = 0.0
-_ENTRIES = TypeAdapter(list[TokenLogprob])
 
 
 @contextlib.contextmanager
@@ -69,18 +66,21 @@ def base_metadata(config: BuilderConfig, completions: Sequence[Completion], buil
     }
 
 
-def sampled_entries(completion: Completion) -> list[dict[str, Any]]:
-    """``response_logprobs`` entries (as dicts) for a completion's sampled tokens; requires its logprobs."""
+def sampled_entries(completion: Completion) -> list[TokenLogprob]:
+    """``response_logprobs`` entries for a completion's sampled tokens (with their text when the backend gave it, else
+    without a ``token`` key, as in the paper's appendix); requires its logprobs."""
     logprobs = completion.response_logprobs
     assert logprobs is not None
-    tokens: Sequence[str | None] = completion.response_tokens or [None] * len(completion.response_ids)
+    ids = completion.response_ids
+    if completion.response_tokens is None:
+        return [{"token_id": i, "logprob": lp} for i, lp in zip(ids, logprobs, strict=True)]
     return [
         {"token": t, "token_id": i, "logprob": lp}
-        for t, i, lp in zip(tokens, completion.response_ids, logprobs, strict=True)
+        for t, i, lp in zip(completion.response_tokens, ids, logprobs, strict=True)
     ]
 
 
-def placeholder_entries(token_ids: Sequence[int]) -> list[dict[str, Any]]:
+def placeholder_entries(token_ids: Sequence[int]) -> list[TokenLogprob]:
     """Entries for mask-0 tokens: no text and a placeholder logprob, so the list stays aligned."""
     return [{"token_id": i, "logprob": PLACEHOLDER_LOGPROB} for i in token_ids]
 
@@ -90,7 +90,7 @@ def make_trace(
     prompt_ids: list[int],
     response_ids: list[int],
     loss_mask: list[int],
-    entries: list[dict[str, Any]] | None,
+    entries: list[TokenLogprob] | None,
     prompt_messages: list[dict[str, Any]],
     response_messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -99,8 +99,9 @@ def make_trace(
 ) -> Trace:
     """A Trace from trusted, builder-made parts.
 
-    Entries are validated in one pydantic-core call (fast); the Trace itself is constructed without re-running its
-    per-token invariant loop, which the builders satisfy by construction and ``verify`` checks independently.
+    The Trace is constructed without validation (the entries are dicts the builder made, and its per-token invariant
+    loop would cost more than the build): builders satisfy the invariants by construction, ``verify`` checks them
+    independently, and a Trace read back from JSON is validated in full.
     """
     if not (len(response_ids) == len(loss_mask) and (entries is None or len(entries) == len(response_ids))):
         raise BuildError("internal error: trace parts are not aligned")  # pragma: no cover - a builder bug
@@ -108,7 +109,7 @@ def make_trace(
         prompt_ids=prompt_ids,
         response_ids=response_ids,
         loss_mask=loss_mask,
-        response_logprobs=None if entries is None else _ENTRIES.validate_python(entries),
+        response_logprobs=entries,
         prompt_messages=prompt_messages,
         response_messages=response_messages,
         tools=tools,

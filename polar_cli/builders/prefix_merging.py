@@ -32,7 +32,7 @@ from polar_cli.builders.common import (
 from polar_cli.builders.config import BuilderConfig, end_of_turn_ids, parse_config
 from polar_cli.builders.verify import verify
 from polar_cli.interfaces import Builder
-from polar_cli.models import Completion, Trace, Trajectory
+from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory
 
 
 class PrefixMergingBuilder(Builder):
@@ -83,7 +83,7 @@ def merge_chain(
     response_ids: list[int] = []
     loss_mask: list[int] = []
     with_logprobs = all(c.response_logprobs is not None for c in members)
-    entries: list[dict[str, Any]] | None = [] if with_logprobs else None
+    entries: list[TokenLogprob] | None = [] if with_logprobs else None
     for k, c in enumerate(members):
         sampled = c.response_ids
         response_ids += sampled

@@ -94,10 +94,10 @@ class _Checker:
         for start, end, bit in _segments(mask):
             if bit == 0:
                 if entries is not None:
-                    bad = next((j for j in range(start, end) if entries[j].logprob != 0.0), None)
+                    bad = next((j for j in range(start, end) if entries[j]["logprob"] != 0.0), None)
                     if bad is not None:
                         self.fail("sampled_interstitial", f"trace {ti}: mask-0 token at {bad} carries logprob "
-                                  f"{entries[bad].logprob}, not a placeholder", trace=ti, position=bad)
+                                  f"{entries[bad]['logprob']}, not a placeholder", trace=ti, position=bad)
                 zero = (start, end)
                 continue
             offset = start
@@ -123,7 +123,7 @@ class _Checker:
             problem = f"loss_mask has {len(mask)} entries for {len(ids)} response_ids"
         elif any(m not in (0, 1) for m in mask):
             problem = "loss_mask holds values other than 0 and 1"
-        elif entries is not None and [e.token_id for e in entries] != ids:
+        elif entries is not None and [e["token_id"] for e in entries] != ids:
             problem = "response_logprobs are not aligned with response_ids"
         if problem:
             self.fail("misaligned", f"trace {ti}: {problem}", trace=ti)
@@ -192,7 +192,7 @@ class _Checker:
                 self.logprobs_checked = False
                 self.notes.append(f"trace {ti} has no response_logprobs; completion {c.completion_id!r} had them")
             return
-        got = [e.logprob for e in entries[offset : offset + n]]
+        got = [e["logprob"] for e in entries[offset : offset + n]]
         if c.response_logprobs is None:
             self.fail("logprob_mismatch", f"trace {ti}: logprobs at {offset}.. for completion {c.completion_id!r}, "
                       "which recorded none", trace=ti, completion_id=c.completion_id, position=offset)
@@ -205,8 +205,9 @@ class _Checker:
                           trace=ti, completion_id=c.completion_id, position=offset + j)
         if c.response_tokens is not None:
             for j, e in enumerate(entries[offset : offset + n]):
-                if e.token is not None and e.token != c.response_tokens[j]:
-                    self.fail("token_text_mismatch", f"trace {ti}: token text {e.token!r} at {offset + j}, sampled "
+                text = e.get("token")
+                if text is not None and text != c.response_tokens[j]:
+                    self.fail("token_text_mismatch", f"trace {ti}: token text {text!r} at {offset + j}, sampled "
                               f"{c.response_tokens[j]!r}", trace=ti, completion_id=c.completion_id, position=offset + j)
                     break
 

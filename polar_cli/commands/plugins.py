@@ -6,6 +6,7 @@ import json
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polar_cli.registry import allowed_entry_points, get_registry, installed_entry_points
@@ -61,7 +62,7 @@ def plugins(
         return
     table = Table("kind", "name", "package", "version", "description")
     for row in components:
-        table.add_row(row["kind"], row["name"], row["package"], row["version"], row["description"])
+        table.add_row(*(escape(str(row[k])) for k in ("kind", "name", "package", "version", "description")))
     console = Console()
     console.print(table)
     if disabled:

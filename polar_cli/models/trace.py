@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
+from typing_extensions import TypedDict  # pydantic needs typing_extensions' TypedDict on Python < 3.12
 
 
-class TokenLogprob(BaseModel):
-    """One ``response_logprobs`` entry, aligned with ``response_ids``."""
+@with_config(ConfigDict(extra="forbid"))
+class TokenLogprob(TypedDict):
+    """One ``response_logprobs`` entry, aligned with ``response_ids``: a plain dict, as in the paper's appendix A.4
+    (``{"token": "The", "token_id": 785, "logprob": -0.21}``; mask-0 entries carry no ``token``).
 
-    model_config = ConfigDict(extra="forbid")
+    A TypedDict, not a model: a trace holds one entry per response token (tens of thousands), and dicts validate about
+    five times faster than model instances and need no conversion on the way to a trainer or a dataset.
+    """
 
-    token: str | None = None
+    token: NotRequired[str | None]
     token_id: int
     logprob: float
 
@@ -48,9 +53,9 @@ class Trace(BaseModel):
             if len(self.response_logprobs) != n:
                 raise ValueError(f"response_logprobs has {len(self.response_logprobs)} entries for {n} response_ids")
             for i, (entry, token_id) in enumerate(zip(self.response_logprobs, self.response_ids, strict=True)):
-                if entry.token_id != token_id:
+                if entry["token_id"] != token_id:
                     raise ValueError(
-                        f"response_logprobs[{i}].token_id is {entry.token_id}, response_ids[{i}] is {token_id}"
+                        f"response_logprobs[{i}].token_id is {entry['token_id']}, response_ids[{i}] is {token_id}"
                     )
         return self
 

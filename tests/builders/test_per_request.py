@@ -13,7 +13,7 @@ def test_one_trace_per_completion_with_its_own_tokens() -> None:
         assert trace.prompt_ids == c.prompt_ids and trace.response_ids == c.response_ids
         assert trace.loss_mask == [1] * len(c.response_ids)
         assert trace.response_logprobs is not None
-        assert [e.logprob for e in trace.response_logprobs] == c.response_logprobs
+        assert [e["logprob"] for e in trace.response_logprobs] == c.response_logprobs
         assert trace.prompt_messages == c.request_messages and trace.response_messages == [c.response_message]
         assert trace.finish_reason == c.finish_reason
         assert trace.metadata["completion_id"] == c.completion_id
@@ -29,7 +29,7 @@ def test_needs_no_end_of_turn_id_and_keeps_missing_logprobs_missing() -> None:
     bare = c.model_copy(update={"response_logprobs": None, "index": 1, "completion_id": "c1"})
     traj = build_trajectory("per_request", [c, bare])
     assert traj.traces[0].response_logprobs is not None
-    assert [e.token for e in traj.traces[0].response_logprobs] == ["a", "<|im_end|>"]
+    assert [e["token"] for e in traj.traces[0].response_logprobs] == ["a", "<|im_end|>"]
     assert traj.traces[1].response_logprobs is None
     assert traj.metadata["missing_logprobs"] == 1
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import itertools
 
+import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from polar_cli.builders import build_trajectory, verify
-from polar_cli.builders.chains import BREAK_CAUSES
+from polar_cli.builders.chains import BREAK_CAUSES, prefix_key
 from polar_cli.models import Completion
 from tests.builders.conftest import TokenizerCase
 from tests.builders.sessions import DROP_REASONING_TEMPLATE, Simulator, Step, play
@@ -100,3 +101,14 @@ def test_the_everything_session_exercises_the_scenarios(demo_tokenizer: Tokenize
     assert any(c.finish_reason == "length" for c in comps)
     assert any(not faithful([a, b]) for a, b in itertools.pairwise(comps) if a.metadata == b.metadata)
     assert max(merged.metadata["completions_per_chain"]) >= 5
+
+
+IDS = st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(0, 20), max_size=12)
+
+
+@given(IDS, IDS)
+def test_prefix_key_matches_exactly_the_strict_list_prefixes(p: list[int], q: list[int]) -> None:
+    """The byte-level prefix check of ``partition`` agrees with the list check it replaces."""
+    by_bytes = orjson.dumps(p).startswith(prefix_key(q))
+    assert by_bytes == (p[: len(q)] == q and (len(p) > len(q) or not q))
+    assert orjson.dumps(p + q).startswith(prefix_key(p)) == (bool(q) or not p)
