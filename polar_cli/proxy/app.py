@@ -126,7 +126,7 @@ class ProxyHandler:
             path=found.route.path,
             raw_body=raw,
         )
-        self.state.registry.record(session, record)  # on disk before the harness sees the answer
+        await self.state.registry.record(session, record)  # on disk before the harness sees the answer
         if not chat.stream:
             return _json(codec.encode(generation, chat))
         chunks: list[bytes] = []

@@ -110,14 +110,17 @@ class SessionRegistry:
                 return session
         return None
 
-    def record(self, session: Session, record: dict[str, Any]) -> None:
-        """Journal (write + flush) or keep one captured completion; ``record['index']`` must be ``session.count``."""
+    async def record(self, session: Session, record: dict[str, Any]) -> None:
+        """Journal (write + flush) or keep one captured completion; ``record['index']`` must be ``session.count``.
+
+        The count moves on before the journal write is awaited, so concurrent calls of one session take distinct,
+        increasing indices and are written in that order."""
+        session.count += 1
         if session.journal is not None:
-            session.journal.append(record)
+            await session.journal.append_async(record)
         else:
             # serialized, like the journal: bytes cost the garbage collector nothing, 32K-int lists do
             session.memory.append(orjson.dumps(record))
-        session.count += 1
 
     def completions_json(self, session_id: str) -> bytes:
         """The session's completions as one JSON array, in order, without re-parsing the journal."""
@@ -136,7 +139,7 @@ class SessionRegistry:
         if session is None:
             raise SessionError(f"unknown session {session_id!r}")
         if session.journal is not None:
-            session.journal.close()
+            await session.journal.aclose()
         await self.backend.close_session(session_id)
         return session
 
