@@ -7,6 +7,7 @@ exactly one Completion in the session's journal.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,21 @@ APPLY_PATCH = {
 FIXTURES = Path(__file__).parent / "fixtures" / "openai_responses"
 
 
+_clients: list[OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Every SDK client a test made is closed after it (warnings are errors, leaked sockets too)."""
+    yield
+    while _clients:
+        _clients.pop().close()
+
+
 def client(session: Any) -> OpenAI:
-    return OpenAI(
-        base_url=session.openai_base, api_key=session.api_key, max_retries=0, _strict_response_validation=True
-    )
+    sdk = OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0, _strict_response_validation=True)
+    _clients.append(sdk)
+    return sdk
 
 
 def tool_turn(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
@@ -169,7 +181,7 @@ def test_errors_are_openai_shaped_and_record_nothing(proxy: Any) -> None:
     session = proxy.new_session(script=[{"content": "never"}])
     other = proxy.new_session(script=[{"content": "never"}])
     intruder = OpenAI(base_url=session.openai_base, api_key=other.api_key, max_retries=0)
-    with pytest.raises(openai.AuthenticationError) as denied:
+    with intruder, pytest.raises(openai.AuthenticationError) as denied:
         intruder.responses.create(model="demo", input="hi")
     assert denied.value.status_code == 401
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):

@@ -22,7 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 from polar_cli.errors import ProtocolError
-from polar_cli.proxy.codecs.common import data_url_part, dump_arguments, stable_id, url_part, user_content
+from polar_cli.proxy.codecs.common import (
+    data_url_part,
+    dump_arguments,
+    function_tool,
+    stable_id,
+    tool_objects,
+    url_part,
+    user_content,
+)
 from polar_cli.proxy.types import ChatRequest
 
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -213,14 +221,8 @@ def decode_messages(raw: Any, system: list[str]) -> list[dict[str, Any]]:
 
 
 def decode_tools(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise ProtocolError("'tools' must be a list")
     out = []
-    for k, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise ProtocolError(f"tools[{k}] must be an object")
+    for k, tool in tool_objects(raw):
         if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
             continue  # Anthropic-defined/server tools (web_search_*, bash_*, ...) cannot run on a local model
         name, schema = tool.get("name"), tool.get("input_schema")
@@ -228,11 +230,7 @@ def decode_tools(raw: Any) -> list[dict[str, Any]] | None:
             raise ProtocolError(f"tools[{k}].name is required")
         if not isinstance(schema, dict):
             raise ProtocolError(f"tools[{k}].input_schema must be an object")
-        function: dict[str, Any] = {"name": name}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        function["parameters"] = schema
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(name, tool.get("description"), schema))
     return out or None  # vLLM rejects an empty tool list
 
 

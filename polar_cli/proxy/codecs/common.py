@@ -1,4 +1,4 @@
-"""Small helpers shared by provider codecs: ids, thinking signatures, tool arguments, images, stream chunking.
+"""Small helpers shared by provider codecs: ids, thinking signatures, tools, images, stream chunking.
 
 Signatures are how a provider lets a client hand the model's hidden reasoning back. This proxy's are deterministic
 (the same text always gets the same signature), so a round trip through a harness never changes a request:
@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+
+from polar_cli.errors import ProtocolError
 
 SIGNATURE_PREFIX = "polar-"
 _SEAL_MAGIC = b"polar-ts1:"
@@ -72,6 +74,27 @@ def unseal_thought(value: Any) -> str | None:
         return payload.decode()
     except UnicodeDecodeError:
         return None
+
+
+def function_tool(name: str, description: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+    """One normalized (OpenAI chat) function tool."""
+    function: dict[str, Any] = {"name": name}
+    if isinstance(description, str):
+        function["description"] = description
+    function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def tool_objects(raw: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(position, tool)`` for each object of a request's ``tools`` list (nothing when absent); a 400 otherwise."""
+    if raw is None:
+        return
+    if not isinstance(raw, list):
+        raise ProtocolError("'tools' must be a list")
+    for k, tool in enumerate(raw):
+        if not isinstance(tool, dict):
+            raise ProtocolError(f"tools[{k}] must be an object")
+        yield k, tool
 
 
 def dump_arguments(value: Any) -> str:

@@ -29,7 +29,15 @@ from typing import Any
 import orjson
 
 from polar_cli.errors import ProtocolError
-from polar_cli.proxy.codecs.common import data_url_part, dump_arguments, unseal_thought, url_part, user_content
+from polar_cli.proxy.codecs.common import (
+    data_url_part,
+    dump_arguments,
+    function_tool,
+    tool_objects,
+    unseal_thought,
+    url_part,
+    user_content,
+)
 from polar_cli.proxy.types import ChatRequest
 
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto", "MODE_UNSPECIFIED": None}
@@ -231,28 +239,19 @@ def decode_contents(raw: Any, *, allow_empty: bool = False) -> list[dict[str, An
 
 
 def decode_tools(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise ProtocolError("'tools' must be a list")
     out = []
-    for k, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise ProtocolError(f"tools[{k}] must be an object")
+    for k, tool in tool_objects(raw):
         declarations = field(tool, "functionDeclarations", "function_declarations") or []
         if not isinstance(declarations, list):
             raise ProtocolError(f"tools[{k}].functionDeclarations must be a list")
         for j, decl in enumerate(declarations):
             if not isinstance(decl, dict) or not isinstance(decl.get("name"), str) or not decl["name"]:
                 raise ProtocolError(f"tools[{k}].functionDeclarations[{j}].name is required")
-            function: dict[str, Any] = {"name": decl["name"]}
-            if isinstance(decl.get("description"), str):
-                function["description"] = decl["description"]
             schema = field(decl, "parametersJsonSchema", "parameters_json_schema")
             if schema is None and decl.get("parameters") is not None:
                 schema = openapi_to_json_schema(decl["parameters"])
-            function["parameters"] = schema if isinstance(schema, dict) else {"type": "object", "properties": {}}
-            out.append({"type": "function", "function": function})
+            parameters = schema if isinstance(schema, dict) else {"type": "object", "properties": {}}
+            out.append(function_tool(decl["name"], decl.get("description"), parameters))
     return out or None  # vLLM rejects an empty tool list
 
 

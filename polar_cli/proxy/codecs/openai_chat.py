@@ -19,6 +19,7 @@ import orjson
 from polar_cli.errors import ProtocolError
 from polar_cli.models import Provider
 from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.codecs.common import tool_objects
 from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -128,14 +129,8 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = body.get("tools")
     if tools is None and isinstance(body.get("functions"), list):
         tools = [{"type": "function", "function": f} for f in body["functions"]]
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise ProtocolError("'tools' must be a list")
     out = []
-    for k, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise ProtocolError(f"tools[{k}] must be an object")
+    for k, tool in tool_objects(tools):
         if tool.get("type", "function") != "function":
             continue  # built-in tools of other providers cannot run on a local model
         fn = tool.get("function")
