@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from polar_cli.builders.base import TraceBuilder
 from polar_cli.builders.common import (
     base_metadata,
     finish,
-    gc_paused,
     make_trace,
     ordered_completions,
     sampled_entries,
 )
-from polar_cli.builders.config import BuilderConfig, parse_config
-from polar_cli.builders.verify import verify
-from polar_cli.interfaces import Builder
+from polar_cli.builders.config import BuilderConfig
 from polar_cli.models import Completion, Trajectory
 
 
-class PerRequestBuilder(Builder):
+class PerRequestBuilder(TraceBuilder):
     """Each completion becomes a trace: its prompt, its sampled tokens (all trainable) and their logprobs."""
 
     name = "per_request"
     description = "one trace per model call: prompt ids, sampled ids, loss mask all 1, sampled logprobs"
-
-    def build(self, completions: list[Completion], **config: Any) -> Trajectory:
-        cfg = parse_config(self.name, config)
-        with gc_paused():
-            trajectory = self._build(completions, cfg)
-            if cfg.verify:
-                verify(trajectory, completions, raise_on_violation=True)
-        return trajectory
 
     def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
         ordered = ordered_completions(completions, cfg, self.name)

@@ -19,35 +19,25 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from polar_cli.builders.base import TraceBuilder
 from polar_cli.builders.chains import BREAK_CAUSES, Chain, partition
 from polar_cli.builders.common import (
     base_metadata,
     finish,
-    gc_paused,
     make_trace,
     ordered_completions,
     placeholder_entries,
     sampled_entries,
 )
-from polar_cli.builders.config import BuilderConfig, end_of_turn_ids, parse_config
-from polar_cli.builders.verify import verify
-from polar_cli.interfaces import Builder
+from polar_cli.builders.config import BuilderConfig, end_of_turn_ids
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory
 
 
-class PrefixMergingBuilder(Builder):
+class PrefixMergingBuilder(TraceBuilder):
     """Merge completions whose prompts extend each other into one trace per chain."""
 
     name = "prefix_merging"
     description = "one trace per strict-prefix chain: sampled tokens trainable, template interstitials masked"
-
-    def build(self, completions: list[Completion], **config: Any) -> Trajectory:
-        cfg = parse_config(self.name, config)
-        with gc_paused():
-            trajectory = self._build(completions, cfg)
-            if cfg.verify:
-                verify(trajectory, completions, raise_on_violation=True)
-        return trajectory
 
     def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
         eot_ids = end_of_turn_ids(cfg, self.name)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
-from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from polar_cli.errors import RuntimeFailure
@@ -26,7 +25,6 @@ from polar_cli.interfaces.runtime import (
     TOOLS_PATH,
     RuntimeContext,
     RuntimeHandle,
-    RuntimeProcess,
 )
 from polar_cli.runtimes.files import copy_path, under, write_bytes
 from polar_cli.runtimes.scratch import Scratch, remove_tree
@@ -77,16 +75,6 @@ class ContainerHandle(RuntimeHandle):
             stdin_path = f"{RUN_PATH}/exec-{n}.stdin"
         prefix = ["/bin/sh", "-c", EXEC_SCRIPT, "polar-exec", f"{RUN_PATH}/{pid_name}", stdin_path]
         return self.scratch.run / pid_name, prefix
-
-    @abstractmethod
-    async def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-    ) -> RuntimeProcess: ...
 
     def _host(self, path: str) -> Path | None:
         if not posixpath.isabs(path):
