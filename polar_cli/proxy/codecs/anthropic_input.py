@@ -25,6 +25,7 @@ from polar_cli.errors import ProtocolError
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
+    each_object,
     function_tool,
     stable_id,
     tool_objects,
@@ -108,9 +109,7 @@ def _tool_result(block: dict[str, Any], where: str, images: list[dict[str, Any]]
     if isinstance(content, str):
         texts.append(content)
     elif isinstance(content, list):
-        for k, part in enumerate(content):
-            if not isinstance(part, dict):
-                raise ProtocolError(f"{where}.content[{k}] must be an object")
+        for k, _, part in each_object(content, f"{where}.content"):
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
@@ -136,10 +135,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
     tools: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     images: list[dict[str, Any]] = []
-    for k, block in enumerate(content):
-        at = f"{where}.content[{k}]"
-        if not isinstance(block, dict):
-            raise ProtocolError(f"{at} must be an object")
+    for _, at, block in each_object(content, f"{where}.content"):
         kind = block.get("type")
         if kind == "text":
             if not isinstance(block.get("text"), str):
@@ -170,10 +166,7 @@ def _assistant(content: Any, where: str, index: int) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for k, block in enumerate(content):
-        at = f"{where}.content[{k}]"
-        if not isinstance(block, dict):
-            raise ProtocolError(f"{at} must be an object")
+    for k, at, block in each_object(content, f"{where}.content"):
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
@@ -204,10 +197,7 @@ def decode_messages(raw: Any, system: list[str]) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise ProtocolError("'messages' must be a non-empty list")
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise ProtocolError(f"{where} must be an object")
+    for i, where, msg in each_object(raw, "messages"):
         role = msg.get("role")
         if role == "user":
             out.extend(_user(msg.get("content"), where))

@@ -85,15 +85,23 @@ def function_tool(name: str, description: Any, parameters: dict[str, Any]) -> di
     return {"type": "function", "function": function}
 
 
+def each_object(items: list[Any], where: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(position, path, item)`` for each item of a request list at ``where`` (path ``where[position]``, for error
+    messages); a 400 naming the path when an item is not an object."""
+    for k, item in enumerate(items):
+        at = f"{where}[{k}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{at} must be an object")
+        yield k, at, item
+
+
 def tool_objects(raw: Any) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(position, tool)`` for each object of a request's ``tools`` list (nothing when absent); a 400 otherwise."""
     if raw is None:
         return
     if not isinstance(raw, list):
         raise ProtocolError("'tools' must be a list")
-    for k, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise ProtocolError(f"tools[{k}] must be an object")
+    for k, _, tool in each_object(raw, "tools"):
         yield k, tool
 
 

@@ -32,6 +32,7 @@ from polar_cli.errors import ProtocolError
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
+    each_object,
     function_tool,
     tool_objects,
     unseal_thought,
@@ -148,10 +149,7 @@ class _Calls:
 def _user_turn(parts: list[Any], where: str, turn: int, calls: _Calls) -> list[dict[str, Any]]:
     tools: list[dict[str, Any]] = []
     content: list[dict[str, Any]] = []
-    for k, part in enumerate(parts):
-        at = f"{where}.parts[{k}]"
-        if not isinstance(part, dict):
-            raise ProtocolError(f"{at} must be an object")
+    for k, at, part in each_object(parts, f"{where}.parts"):
         response = field(part, "functionResponse", "function_response")
         if isinstance(response, dict):
             name = response.get("name")
@@ -181,10 +179,7 @@ def _model_turn(parts: list[Any], where: str, turn: int, calls: _Calls) -> dict[
     thoughts: list[str] = []
     sealed: list[str] = []
     tool_calls: list[dict[str, Any]] = []
-    for k, part in enumerate(parts):
-        at = f"{where}.parts[{k}]"
-        if not isinstance(part, dict):
-            raise ProtocolError(f"{at} must be an object")
+    for k, at, part in each_object(parts, f"{where}.parts"):
         restored = unseal_thought(field(part, "thoughtSignature", "thought_signature"))
         if restored is not None:
             sealed.append(restored)
@@ -221,10 +216,7 @@ def decode_contents(raw: Any, *, allow_empty: bool = False) -> list[dict[str, An
         raise ProtocolError("'contents' must be a non-empty list")
     out: list[dict[str, Any]] = []
     calls = _Calls()
-    for i, content in enumerate(raw):
-        where = f"contents[{i}]"
-        if not isinstance(content, dict):
-            raise ProtocolError(f"{where} must be an object")
+    for i, where, content in each_object(raw, "contents"):
         parts = content.get("parts") or []
         if not isinstance(parts, list):
             raise ProtocolError(f"{where}.parts must be a list")

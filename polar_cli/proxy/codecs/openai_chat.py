@@ -19,7 +19,7 @@ import orjson
 from polar_cli.errors import ProtocolError
 from polar_cli.models import Provider
 from polar_cli.proxy.codecs.base import Codec, Route
-from polar_cli.proxy.codecs.common import tool_objects
+from polar_cli.proxy.codecs.common import each_object, tool_objects
 from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -93,10 +93,7 @@ def normalize_messages(raw: Any) -> list[dict[str, Any]]:
         raise ProtocolError("'messages' must be a non-empty list")
     system: list[str] = []
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise ProtocolError(f"{where} must be an object")
+    for _, where, msg in each_object(raw, "messages"):
         role = msg.get("role")
         if role not in _ROLES:
             raise ProtocolError(f"{where}.role must be one of {', '.join(sorted(_ROLES))}; got {role!r}")
