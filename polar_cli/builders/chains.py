@@ -91,8 +91,7 @@ def prefix_key(ids: Sequence[int]) -> bytes:
     """Bytes such that ``serialized(p).startswith(prefix_key(q))`` iff ``q`` is a prefix of ``p`` and, when ``q`` is not
     empty, ``p`` is longer: ``serialized`` is ``orjson.dumps``, whose ints are canonical decimals between commas, so a
     match covers whole tokens only. (``[1, 2]`` gives ``b"[1,2,"``; ``[]`` gives ``b"["``.)"""
-    key = orjson.dumps(ids)[:-1]
-    return key + b"," if ids else key
+    return _key_of(orjson.dumps(ids), len(ids))
 
 
 def first_end_of_turn(prompt: list[int], start: int, eot_ids: frozenset[int]) -> int:

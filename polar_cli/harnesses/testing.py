@@ -69,7 +69,6 @@ class RunReport:
     output: str
     result: SessionResult | None
     completions: list[Completion]
-    expected: str
 
     def describe(self) -> str:
         result = self.result.model_dump(mode="json", exclude={"trajectory"}) if self.result else None
@@ -104,7 +103,7 @@ def run_task(
             "refresh_runtime": refresh_runtime,
             "config": {"command": f'test "$(cat {RUN_FILE})" = {left + right}'},
         },
-        "metadata": {"script": harness.doctor_script(command), "expected": left + right},
+        "metadata": {"script": harness.doctor_script(command)},
     }
 
 
@@ -112,17 +111,30 @@ def polar_run(
     name: str, folder: Path, runtime: str = "local", *, refresh_runtime: bool = False, image: str | None = None
 ) -> RunReport:
     """Run ``polar run TASK.json`` as a user would (a subprocess of this Python) on ``run_task``'s task."""
-    task = run_task(name, runtime, refresh_runtime=refresh_runtime, image=image)
     folder.mkdir(parents=True, exist_ok=True)
-    task_file, out, data = folder / "task.json", folder / "out.jsonl", folder / "polar-data"
+    task_file = folder / "task.json"
+    task = run_task(name, runtime, refresh_runtime=refresh_runtime, image=image)
     task_file.write_text(json.dumps(task, indent=2), encoding="utf-8")
-    argv = [sys.executable, "-m", "polar_cli", "run", str(task_file), "--out", str(out), "--data-dir", str(data),
-            "--no-install"]  # fmt: skip
+    return polar_run_file(task_file, folder)[0]
+
+
+def polar_run_file(task_file: Path, folder: Path, *args: str, cwd: Path | None = None) -> list[RunReport]:
+    """``polar run TASK_FILE ARGS...`` in a subprocess, results and journals under ``folder``: one report per
+    session (one report with no result when none was written)."""
+    out, data = folder / "out.jsonl", folder / "polar-data"
+    argv = [sys.executable, "-m", "polar_cli", "run", str(task_file), *args, "--out", str(out), "--data-dir",
+            str(data), "--no-install"]  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=folder, timeout=600)
-    result = SessionResult.model_validate_json(out.read_text().splitlines()[0]) if out.is_file() else None
-    completions = read_journal(data / "journal" / f"{result.session_id}.jsonl") if result else []
-    return RunReport(done.returncode, done.stdout + done.stderr, result, completions, task["metadata"]["expected"])
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd or folder, timeout=600)
+    output = done.stdout + done.stderr
+    lines = out.read_text().splitlines() if out.is_file() else []
+    if not lines:
+        return [RunReport(done.returncode, output, None, [])]
+    results = [SessionResult.model_validate_json(line) for line in lines]
+    return [
+        RunReport(done.returncode, output, r, read_journal(data / "journal" / f"{r.session_id}.jsonl"))
+        for r in results
+    ]
 
 
 def check_run(report: RunReport) -> None:

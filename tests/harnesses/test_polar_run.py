@@ -6,16 +6,11 @@ codex and claude_code have the same test in their plugin packages (plugins/polar
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from polar_cli.builders import verify
-from polar_cli.harnesses.testing import check_run, in_ci, missing_cli_reason, polar_run
-from polar_cli.models import SessionResult
-from polar_cli.proxy.journal import read_journal
+from polar_cli.harnesses.testing import check_run, in_ci, missing_cli_reason, polar_run, polar_run_file
 from polar_cli.registry import get_harness
 
 pytestmark = pytest.mark.harness
@@ -64,14 +59,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_readme_examples_run_as_documented(tmp_path: Path, task: str, script: str, harness: str) -> None:
     """The README's quickstart commands, verbatim but for where results go."""
     need_cli(harness)
-    argv = [sys.executable, "-m", "polar_cli", "run", f"examples/{task}", "--script", f"examples/scripts/{script}",
-            "--out", str(tmp_path / "results.jsonl"), "--data-dir", str(tmp_path / "data"), "--no-install"]  # fmt: skip
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    results = [SessionResult.model_validate_json(line) for line in lines]
-    assert results and all(r.status == "completed" and r.reward == 1.0 for r in results)
-    for r in results:
-        completions = read_journal(tmp_path / "data" / "journal" / f"{r.session_id}.jsonl")
-        assert len(completions) == 2
-        verify(r.trajectory, completions, raise_on_violation=True)
+    reports = polar_run_file(Path("examples", task), tmp_path, "--script", f"examples/scripts/{script}", cwd=ROOT)
+    for report in reports:
+        check_run(report)
+        assert len(report.completions) == 2
