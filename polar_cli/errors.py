@@ -15,9 +15,13 @@
     ├── BuildError                   a trajectory could not be built from recorded completions
     │   └── VerificationError        a trajectory broke the token-faithfulness contract
     ├── EvaluationError              an evaluator failed
-    └── SessionError                 a session is unknown, cancelled or in the wrong state
+    ├── SessionError                 a session is unknown, cancelled or in the wrong state
+    │   └── SessionExistsError       a session (or task) id that is already taken
+    └── AuthError                    a control call without the right token
 
-Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``.
+Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
+status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
+status by matching message text: see ``polar_cli.http.status_for``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ class PolarError(Exception):
     """Base class of every error Polar reports to users."""
 
     exit_code = 1
+    http_status = 500
 
 
 class ConfigError(PolarError):
     """Bad user-provided configuration."""
 
     exit_code = 2
+    http_status = 400
 
 
 class PluginError(PolarError):
@@ -42,9 +48,13 @@ class PluginError(PolarError):
 class UnknownComponentError(PluginError):
     """A component name that no plugin registered."""
 
+    http_status = 400
+
 
 class NotImplementedYetError(PolarError):
     """A declared placeholder component was used."""
+
+    http_status = 400
 
 
 class ProxyError(PolarError):
@@ -54,6 +64,8 @@ class ProxyError(PolarError):
 class ProtocolError(ProxyError):
     """A malformed provider request."""
 
+    http_status = 400
+
 
 class BackendError(ProxyError):
     """The inference backend failed."""
@@ -61,6 +73,7 @@ class BackendError(ProxyError):
     def __init__(self, message: str, *, status: int = 502, retryable: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.http_status = status
         self.retryable = retryable
 
 
@@ -86,3 +99,17 @@ class EvaluationError(PolarError):
 
 class SessionError(PolarError):
     """A session is unknown or in the wrong state."""
+
+    http_status = 404
+
+
+class SessionExistsError(SessionError):
+    """A session or task id that is already taken (by a different request)."""
+
+    http_status = 409
+
+
+class AuthError(PolarError):
+    """A control call without the right token."""
+
+    http_status = 401

@@ -16,23 +16,23 @@ Routes (``Authorization: Bearer <control_token>`` when one is configured):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
 from aiohttp import web
 from pydantic import Field
 
-from polar_cli.errors import ConfigError, PolarError, ProxyError, SessionError
+from polar_cli.errors import ConfigError, ProxyError, SessionError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
+from polar_cli.http import guarded, json_errors, json_response, read_json
+from polar_cli.ids import SessionId
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
@@ -65,7 +65,7 @@ class SessionCreate(StrictModel):
 
     task: TaskRequest
     sample_index: int = Field(default=0, ge=0)
-    session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    session_id: SessionId | None = None
 
 
 def session_id_for(task_id: str, sample_index: int) -> str:
@@ -163,7 +163,9 @@ class GatewayNode:
     # ---- HTTP ---------------------------------------------------------------------------------------------------
 
     def create_app(self) -> web.Application:
-        app = web.Application(client_max_size=int(self.proxy.config.max_body_mb * 1024 * 1024))
+        app = web.Application(
+            client_max_size=int(self.proxy.config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="gateway")]
+        )
         guard = self._guard
         app.router.add_post("/sessions", guard(self._create))
         app.router.add_get("/sessions/{session_id}", guard(self._get))
@@ -176,36 +178,17 @@ class GatewayNode:
 
     def _guard(self, handler: Callable[[web.Request], Awaitable[web.Response]]) -> Any:
         token = self.config.control_token
-
-        async def wrapper(request: web.Request) -> web.Response:
-            if token and not hmac.compare_digest(
-                request.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()
-            ):
-                return _error(401, "the gateway's control routes need its control token (Authorization: Bearer)")
-            try:
-                return await handler(request)
-            except ConfigError as exc:
-                return _error(400, str(exc))
-            except SessionError as exc:
-                return _error(409 if "already exists" in str(exc) else 404, str(exc))
-            except PolarError as exc:
-                return _error(500, str(exc))
-
-        return wrapper
+        return guarded(token, "the gateway's control routes", handler) if token else handler
 
     async def _create(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"POST /sessions: body is not valid JSON: {exc}") from exc
+        data = await read_json(request, source="POST /sessions")
         spec = validate_model(SessionCreate, data, source="POST /sessions")
         job = await self.submit(spec.task, spec.sample_index, spec.session_id)
-        return _json({"session_id": job.session_id, "task_id": job.task_id, "sample_index": job.sample_index,
+        return json_response({"session_id": job.session_id, "task_id": job.task_id, "sample_index": job.sample_index,
                       "stage": str(job.stage)}, 201)  # fmt: skip
 
     async def _get(self, request: web.Request) -> web.Response:
-        return _json(self.describe(request.match_info["session_id"]))
+        return json_response(self.describe(request.match_info["session_id"]))
 
     async def _result(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
@@ -216,26 +199,18 @@ class GatewayNode:
         try:
             result = await asyncio.wait_for(self.pipeline.wait(session_id), timeout=max(wait, 0.0) or 0.001)
         except TimeoutError:
-            return _json({"session_id": session_id, "stage": str(self.pipeline.get(session_id).stage)}, 202)
-        return _json(result.model_dump(mode="json"))
+            return json_response({"session_id": session_id, "stage": str(self.pipeline.get(session_id).stage)}, 202)
+        return json_response(result.model_dump(mode="json"))
 
     async def _cancel(self, request: web.Request) -> web.Response:
         result = await self.pipeline.cancel(request.match_info["session_id"])
-        return _json(result.model_dump(mode="json"))
+        return json_response(result.model_dump(mode="json"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return _json(self.pipeline.metrics())
+        return json_response(self.pipeline.metrics())
 
     async def _health(self, request: web.Request) -> web.Response:
-        return _json({"ok": True, "sessions": len(self.pipeline.active())})
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": {"message": message}}, status)
+        return json_response({"ok": True, "sessions": len(self.pipeline.active())})
 
 
 ProgressCallback = Callable[[dict[str, Any], list[SessionResult]], None]

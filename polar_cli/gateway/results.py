@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from polar_cli.errors import SessionError
+from polar_cli.ids import is_session_id
 from polar_cli.models import SessionResult
-
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the proxy's session-id rule: no path separators
 
 
 class ResultStore:
@@ -24,7 +22,7 @@ class ResultStore:
         self.root = Path(root)
 
     def path(self, session_id: str) -> Path:
-        if not _SAFE_ID.match(session_id):
+        if not is_session_id(session_id):  # no path separators, no hidden files
             raise SessionError(f"invalid session id {session_id!r}")
         return self.root / f"{session_id}.json"
 

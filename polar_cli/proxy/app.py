@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError, PolarError, ProtocolError
+from polar_cli.http import json_errors
 from polar_cli.proxy.capture import completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
 from polar_cli.proxy.codecs.base import Codec
@@ -158,7 +159,9 @@ def setup_proxy(app: web.Application, state: ProxyState) -> None:
 def create_proxy_app(config: ProxyConfig, state: ProxyState | None = None) -> web.Application:
     """The standalone proxy app (``polar proxy``)."""
     state = state or ProxyState(config)
-    app = web.Application(client_max_size=int(config.max_body_mb * 1024 * 1024))
+    app = web.Application(
+        client_max_size=int(config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="proxy")]
+    )
     app.router.add_route("GET", "/", _root)
     app.router.add_route("HEAD", "/", _root)
     setup_proxy(app, state)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import re
 import secrets
 import time
 import uuid
@@ -14,12 +13,11 @@ from typing import Any
 
 import orjson
 
-from polar_cli.errors import ConfigError, SessionError
+from polar_cli.errors import SessionError, SessionExistsError
+from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion
 from polar_cli.proxy.journal import Journal, journal_path
-
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def session_prefix(session_id: str) -> str:
@@ -77,10 +75,9 @@ class SessionRegistry:
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. ``script``) go to the backend."""
         session_id = session_id or uuid.uuid4().hex
-        if not _SESSION_ID.match(session_id):
-            raise ConfigError(f"invalid session_id {session_id!r}: use letters, digits, '.', '_', '-' (max 128)")
+        check_session_id(session_id)
         if session_id in self._sessions:
-            raise SessionError(f"session {session_id!r} already exists")
+            raise SessionExistsError(f"session {session_id!r} already exists")
         metadata = dict(metadata or {})
         options = dict(backend_options or {})
         if "script" in metadata and "script" not in options:
