@@ -38,12 +38,7 @@ def _json_ids_ok(raw: bytes) -> bool:
     inner = inner[1:-1]
     if not inner:
         return True
-    return (
-        not inner.translate(None, _DIGITS + b",")
-        and inner[:1] != b","
-        and inner[-1:] != b","
-        and b",," not in inner
-    )
+    return not inner.translate(None, _DIGITS + b",") and inner[:1] != b"," and inner[-1:] != b"," and b",," not in inner
 
 
 def _ids_ok(ids: Any) -> bool:
@@ -131,4 +126,3 @@ def completion_record(
             "delivery": delivery,
         },
     }
-
