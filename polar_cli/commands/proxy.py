@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import typer
 
@@ -44,7 +45,7 @@ def proxy(
     from polar_cli.proxy.server import serve_proxy
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    options = dict(
+    options: dict[str, Any] = dict(
         backend=backend,
         backend_url=backend_url,
         script=script,
