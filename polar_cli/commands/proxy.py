@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import typer
 
@@ -32,13 +33,19 @@ def proxy(
     journal: str | None = typer.Option(None, "--journal", help="Directory for per-session JSONL journals."),
     public_url: str | None = typer.Option(None, "--public-url", help="Base URL handed to harnesses."),
     control_token: str | None = typer.Option(None, "--control-token", help="Require this Bearer token on /sessions."),
+    backend_timeout: float | None = typer.Option(
+        None, "--backend-timeout", help="Seconds one backend attempt may take (default 600).", show_default=False
+    ),
+    backend_retries: int | None = typer.Option(
+        None, "--backend-retries", min=0, help="Retries of a transient backend failure (default 3).", show_default=False
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
     from polar_cli.proxy.server import serve_proxy
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    options = dict(
+    options: dict[str, Any] = dict(
         backend=backend,
         backend_url=backend_url,
         script=script,
@@ -49,7 +56,10 @@ def proxy(
         journal_dir=journal,
         public_url=public_url,
         control_token=control_token,
+        backend_timeout_s=backend_timeout,
     )
+    if backend_retries is not None:
+        options["retry"] = {"attempts": backend_retries + 1}
     config = validate_model(ProxyConfig, options, source="polar proxy")
     try:
         asyncio.run(serve_proxy(config, _ready))

@@ -94,6 +94,8 @@ def run(
     model: str | None = typer.Option(None, "--model", help="Upstream model name (default: the server's first)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
     script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
+    backend_timeout: float | None = typer.Option(None, "--backend-timeout", help="Seconds per backend attempt."),
+    backend_retries: int | None = typer.Option(None, "--backend-retries", min=0, help="Retries of a failed call."),
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", help="Harnesses running at once."),
@@ -114,11 +116,13 @@ def run(
         "builder.strategy": builder, "evaluator.strategy": evaluator,
     }  # fmt: skip
     task = build_task(task_file, overrides)
-    proxy = validate_model(
-        ProxyConfig,
-        {"backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script},
-        source="polar run",
-    )
+    proxy_options: dict[str, Any] = {
+        "backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script,
+        "backend_timeout_s": backend_timeout,
+    }  # fmt: skip
+    if backend_retries is not None:
+        proxy_options["retry"] = {"attempts": backend_retries + 1}
+    proxy = validate_model(ProxyConfig, proxy_options, source="polar run")
     pipeline = validate_model(
         PipelineConfig,
         {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},

@@ -97,6 +97,7 @@ class GatewaySessionDriver:
             config=task.agent.config,
         )
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.proxy.registry.set_deadline(job.session_id, deadline)  # no model call outlives the agent's deadline
         try:
             run = await run_harness(harness, handle, context, timeout=timeout, env=task.agent.env)
         finally:

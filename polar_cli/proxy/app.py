@@ -7,6 +7,7 @@ journal the Completion → answer (JSON or a synthetic SSE stream). Every failur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -16,14 +17,16 @@ from aiohttp import web
 
 from polar_cli.errors import BackendError, PolarError, ProtocolError
 from polar_cli.http import json_errors
-from polar_cli.proxy.capture import completion_record
+from polar_cli.proxy.capture import check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
 from polar_cli.proxy.codecs.base import Codec
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.control import add_control_routes
 from polar_cli.proxy.models_list import models_body
+from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy.types import ChatRequest, Generation
 
 log = logging.getLogger("polar.proxy")
 
@@ -97,7 +100,7 @@ class ProxyHandler:
             if found.kind == "count_tokens":
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))
-            return await self._generate(session, codec, found, body, raw, started)
+            return await self._generate(session, codec, found, body, raw, started, request)
         except ProtocolError as exc:
             return provider_error(codec, 400, str(exc))
         except BackendError as exc:
@@ -111,10 +114,27 @@ class ProxyHandler:
             return provider_error(codec, 500, f"internal proxy error: {type(exc).__name__}: {exc}")
 
     async def _generate(
-        self, session: Session, codec: Codec, found: Detected, body: dict[str, Any], raw: bytes, started: float
+        self,
+        session: Session,
+        codec: Codec,
+        found: Detected,
+        body: dict[str, Any],
+        raw: bytes,
+        started: float,
+        request: web.Request | None = None,
     ) -> web.StreamResponse:
+        """Backend call (bounded by the session's deadline) → check the token data → encode the whole answer →
+        journal the record → answer. A failure at any step before the journal write answers an error and records
+        nothing; the journal line is flushed before the answer's first byte is sent."""
         chat = codec.decode(body, found.route)
-        generation = await self.state.backend.generate(chat, session_id=session.session_id)
+        generation = await self._call_backend(session, chat)
+        check_generation(generation)  # an invalid answer is a 502 and is never journaled
+        if chat.stream:
+            answer = web.Response(body=b"".join(codec.stream(generation, chat)), status=200, headers=_SSE_HEADERS)
+        else:
+            answer = _json(codec.encode(generation, chat))
+        transport = request.transport if request is not None else None
+        gone = request is not None and (transport is None or transport.is_closing())
         record = completion_record(
             session_id=session.session_id,
             index=session.count,
@@ -126,17 +146,28 @@ class ProxyHandler:
             finished_at=time.time(),
             path=found.route.path,
             raw_body=raw,
+            delivery="client_gone" if gone else "answered",
         )
         await self.state.registry.record(session, record)  # on disk before the harness sees the answer
-        if not chat.stream:
-            return _json(codec.encode(generation, chat))
-        chunks: list[bytes] = []
+        return answer
+
+    async def _call_backend(self, session: Session, chat: ChatRequest) -> Generation:
+        """One generation, never outliving the session's deadline (a provider-shaped 504 when it passes)."""
+        left = session.time_left()
+        if left is None:
+            return await self.state.backend.generate(chat, session_id=session.session_id)
+        if left <= 0:
+            raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
         try:
-            chunks.extend(codec.stream(generation, chat))
-        except Exception as exc:  # a codec failure mid-stream: close the started stream with an error event
-            log.exception("session %s: stream encoding failed", session.session_id)
-            chunks.append(codec.stream_error(500, f"internal proxy error: {type(exc).__name__}: {exc}"))
-        return web.Response(body=b"".join(chunks), status=200, headers=_SSE_HEADERS)
+            with call_deadline(session.deadline):
+                async with asyncio.timeout(left) as scope:
+                    return await self.state.backend.generate(chat, session_id=session.session_id)
+        except TimeoutError as exc:
+            if scope.expired():
+                raise BackendError(
+                    f"session {session.session_id}: no backend answer before its deadline", status=504
+                ) from exc
+            raise
 
 
 async def _root(request: web.Request) -> web.Response:

@@ -1,13 +1,82 @@
-"""Capture: one generation call becomes one Completion record (built as a plain dict: it is our own trusted data)."""
+"""Capture: one generation call becomes one Completion record (built as a plain dict, from a checked Generation).
+
+``check_generation`` is the gate in front of the journal: whatever a backend returned, a record is only built from
+token ids that are ints, logprobs that are finite floats one per response token, and a message that is an object. An
+answer that fails it is a BackendError (502): the harness gets a provider-shaped error and nothing is journaled, so
+a journal never holds a line its readers would reject. The checks are linear scans in C or over the (short) response;
+the prompt ids vLLM sends as JSON text are checked as bytes, never parsed.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Literal
 
 import orjson
 
+from polar_cli.errors import BackendError
 from polar_cli.models import Provider
 from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds
+
+Delivery = Literal["answered", "client_gone"]
+"""``answered``: the line was flushed, then the answer was handed to the client's connection. ``client_gone``: the
+backend's answer was complete, but the client had disconnected before it could be sent."""
+
+_DIGITS = b"0123456789"
+
+
+def _bad(what: str) -> BackendError:
+    return BackendError(f"the backend answered invalid token data: {what}; the call was not recorded")
+
+
+def _json_ids_ok(ids: JsonTokenIds) -> bool:
+    """The JSON text is an array of non-negative ints. Fast path (what vLLM sends, ``[1,2,3]``): one C pass that
+    must leave ``[,,,]``, with as many commas as the server's ``usage.prompt_tokens`` says (ids - 1), which rules out
+    empty elements; anything else (whitespace, no usage) is parsed."""
+    raw = ids.raw
+    if raw == b"[]":
+        return True
+    rest = raw.translate(None, _DIGITS)  # about as costly as counting the commas once
+    commas = len(rest) - 2
+    if rest[:1] == b"[" and rest[-1:] == b"]" and rest.count(b",") == commas and raw[1:2] != b"," != raw[-2:-1]:
+        if ids.length >= 0:
+            return commas == ids.length - 1
+        return b",," not in raw
+    try:
+        return _ids_ok(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _ids_ok(ids: Any) -> bool:
+    return isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+
+
+def check_generation(generation: Generation) -> None:
+    """BackendError (502) unless the generation's token data can be journaled and read back as a Completion."""
+    prompt = generation.prompt_ids
+    if isinstance(prompt, JsonTokenIds):
+        if not _json_ids_ok(prompt):
+            raise _bad("prompt_ids is not a JSON array of token ids")
+    elif not _ids_ok(prompt):
+        raise _bad("prompt_ids must be a list of non-negative ints")
+    ids = generation.response_ids
+    if not _ids_ok(ids):
+        raise _bad("response_ids must be a list of non-negative ints")
+    n = len(ids)
+    logprobs = generation.response_logprobs
+    if logprobs is not None:
+        if not isinstance(logprobs, list) or len(logprobs) != n:
+            raise _bad(f"response_logprobs must be a list of {n} floats, one per response token")
+        if not all(type(x) is float and math.isfinite(x) for x in logprobs):
+            raise _bad("response_logprobs must be finite floats")
+    tokens = generation.response_tokens
+    if tokens is not None and (
+        not isinstance(tokens, list) or len(tokens) != n or not all(type(t) is str for t in tokens)
+    ):
+        raise _bad(f"response_tokens must be a list of {n} strings")
+    if not isinstance(generation.message, dict):
+        raise _bad("the assistant message is not an object")
 
 
 def completion_record(
@@ -22,6 +91,7 @@ def completion_record(
     finished_at: float,
     path: str,
     raw_body: bytes | None = None,
+    delivery: Delivery = "answered",
 ) -> dict[str, Any]:
     """The Completion fields for one call, ready for orjson.
 
@@ -60,6 +130,6 @@ def completion_record(
             "generation_id": generation.id,
             "requested_model": request.model,
             "tool_choice": request.tool_choice,
+            "delivery": delivery,
         },
     }
-

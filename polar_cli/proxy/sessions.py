@@ -17,7 +17,7 @@ from polar_cli.errors import SessionError, SessionExistsError
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion
-from polar_cli.proxy.journal import Journal, journal_path
+from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 
 
 def session_prefix(session_id: str) -> str:
@@ -38,7 +38,13 @@ class Session:
     created_at: float
     journal: Journal | None = None
     count: int = 0
+    """The next completion index: the largest index on disk + 1 (ids are unique forever, gaps or not)."""
     memory: list[bytes] = field(default_factory=list)  # JSON lines, as a journal would hold them
+    deadline: float | None = None
+    """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def summary(self, base_url: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -86,7 +92,7 @@ class SessionRegistry:
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time())
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
-            session.count = session.journal.existing_lines()
+            session.count = session.journal.next_index
         self._sessions[session_id] = session
         return session
 
@@ -107,11 +113,18 @@ class SessionRegistry:
                 return session
         return None
 
+    def set_deadline(self, session_id: str, deadline: float | None) -> None:
+        """Bound the backend calls of a live session by ``deadline`` (``time.monotonic()``); unknown ids: no-op."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.deadline = deadline
+
     async def record(self, session: Session, record: dict[str, Any]) -> None:
         """Journal (write + flush) or keep one captured completion; ``record['index']`` must be ``session.count``.
 
         The count moves on before the journal write is awaited, so concurrent calls of one session take distinct,
-        increasing indices and are written in that order."""
+        increasing indices and are written in that order. A failed write leaves a gap in the indices, never a reused
+        one."""
         session.count += 1
         if session.journal is not None:
             await session.journal.append_async(record)
@@ -120,15 +133,17 @@ class SessionRegistry:
             session.memory.append(orjson.dumps(record))
 
     def completions_json(self, session_id: str) -> bytes:
-        """The session's completions as one JSON array, in order, without re-parsing the journal."""
+        """The session's completions as one JSON array, in order (journal lines that are not records are skipped)."""
         session = self.get(session_id)
         lines = session.journal.read_raw() if session.journal is not None else session.memory
         return b"[" + b",".join(lines) + b"]"
 
     def get_completions(self, session_id: str) -> list[Completion]:
+        """The session's Completions, in order; a line that does not validate is skipped and logged."""
         session = self.get(session_id)
-        lines = session.journal.read_raw() if session.journal is not None else session.memory
-        return [Completion.model_validate(orjson.loads(line)) for line in lines]
+        if session.journal is not None:
+            return validate_lines(session.journal.read_raw(), session.journal.path)
+        return validate_lines(session.memory, f"session {session_id} (in memory)")
 
     async def close_session(self, session_id: str) -> Session:
         """Stop routing the session (its journal stays on disk) and let the backend forget it."""

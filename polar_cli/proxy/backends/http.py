@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from abc import abstractmethod
 from collections.abc import Callable
@@ -16,10 +15,12 @@ from pydantic import Field
 from polar_cli.errors import BackendError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel
-from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, with_retries
+from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_after, with_retries
 from polar_cli.proxy.types import ChatRequest, Generation
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# upstream statuses the harness sees as they are after retries; any other 5xx is the proxy's 502 Bad Gateway
+_PASSED_STATUSES = frozenset({502, 503, 504})
 
 
 class HttpBackendConfig(StrictModel):
@@ -29,7 +30,7 @@ class HttpBackendConfig(StrictModel):
     model: str | None = Field(default=None, description="upstream model name; default: the server's first model")
     api_key: str | None = Field(default=None, description="sent upstream as Authorization: Bearer")
     tokenizer: str | None = Field(default=None, description="HF tokenizer for local counting/retokenizing")
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0, description="per attempt; retry.total_s bounds the whole call")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_connections: int = Field(default=512, ge=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
@@ -106,40 +107,56 @@ class HttpChatClient(BackendClient):
             self._session = None
 
     async def _once(
-        self, method: str, path: str, body: dict[str, Any] | None, load: Callable[[bytes], Any] = orjson.loads
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        load: Callable[[bytes], Any] = orjson.loads,
+        budget_s: float | None = None,
     ) -> Any:
+        """One upstream try within ``budget_s`` seconds (default: the per-attempt timeout)."""
         url = self.base + path
+        timeout = aiohttp.ClientTimeout(
+            total=budget_s or self.config.timeout_s, sock_connect=self.config.connect_timeout_s
+        )
         try:
             data = orjson.dumps(body) if body is not None else None
-            async with self.session.request(method, url, data=data) as resp:
+            async with self.session.request(method, url, data=data, timeout=timeout) as resp:
                 raw = await resp.read()
                 status = resp.status
                 retry_after = resp.headers.get("Retry-After")
-        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
-            # connection refused/reset and timeouts are transient from the harness's point of view
-            kind = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
-            raise BackendError(f"{self.name} backend at {self.base} unreachable: {kind}", retryable=True) from exc
+        except TimeoutError as exc:
+            raise BackendError(f"{self.name} backend at {self.base} timed out", status=504, retryable=True) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # refused, reset, disconnected, or the body was cut off mid-way: transient from the harness's view
+            raise BackendError(
+                f"{self.name} backend at {self.base} unreachable: {type(exc).__name__}: {exc}", retryable=True
+            ) from exc
         if status >= 400:
             upstream = _error_message(raw)
             err = BackendError(
                 f"{self.name} backend returned HTTP {status}: {upstream}",
-                status=status if status < 500 or status in RETRYABLE_STATUSES else 502,
+                status=status if status < 500 or status in _PASSED_STATUSES else 502,
                 retryable=status in RETRYABLE_STATUSES,
             )
-            if retry_after is not None:
-                with contextlib.suppress(ValueError):
-                    err.retry_after = float(retry_after)  # type: ignore[attr-defined]
+            err.retry_after = parse_retry_after(retry_after)  # type: ignore[attr-defined]
             raise err
         try:
             return load(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BackendError(f"{self.name} backend returned non-JSON: {raw[:200]!r}") from exc
+        except (ValueError, TypeError, AttributeError) as exc:  # orjson.JSONDecodeError is a ValueError
+            # a close-delimited body cut off mid-way reads as bad JSON: worth another try
+            raise BackendError(f"{self.name} backend returned non-JSON: {raw[:200]!r}", retryable=True) from exc
 
     async def request(
         self, method: str, path: str, body: dict[str, Any] | None = None, load: Callable[[bytes], Any] = orjson.loads
     ) -> Any:
-        """One upstream call, retried on transient failures; raises BackendError. ``load`` parses the answer."""
-        return await with_retries(lambda: self._once(method, path, body, load), self.config.retry)
+        """One upstream call, retried on transient failures within the call's deadline; raises BackendError."""
+        return await with_retries(
+            lambda budget: self._once(method, path, body, load, budget),
+            self.config.retry,
+            timeout_s=self.config.timeout_s,
+            what=f"{self.name} backend at {self.base}",
+        )
 
     def load_answer(self, raw: bytes) -> Any:
         """Parse a chat answer (backends may skip parsing bulky parts, see vllm)."""
@@ -181,7 +198,10 @@ class HttpChatClient(BackendClient):
         seconds = time.perf_counter() - started
         if not isinstance(data, dict) or not data.get("choices"):
             raise BackendError(f"{self.name} backend answered without choices")
-        generation = self.parse(data, request)
+        try:
+            generation = self.parse(data, request)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise BackendError(f"{self.name} backend answered a malformed body: {type(exc).__name__}: {exc}") from exc
         generation.backend_seconds = seconds
         return generation
 

@@ -1,0 +1,198 @@
+"""Journal guarantees: only answered, checked calls are journaled; ids stay unique across restarts; a torn tail is
+repaired; one bad line never makes a session unreadable."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from polar_cli.proxy.journal import read_journal
+
+from .conftest import LoopThread, ProxySession, RunningProxy
+from .upstream import Upstream, vllm_answer
+
+
+def chat(session: ProxySession, text: str = "hi", stream: bool = False) -> httpx.Response:
+    return httpx.post(
+        f"{session.openai_base}/chat/completions",
+        headers={"Authorization": f"Bearer {session.api_key}"},
+        json={"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream},
+        timeout=30,
+    )
+
+
+def journal_of(running: RunningProxy, session: ProxySession) -> Path:
+    return Path(running.http.get(f"/sessions/{session.session_id}").json()["journal"])
+
+
+@pytest.fixture
+def upstream(loop_thread: LoopThread) -> Upstream:
+    return Upstream(loop_thread)
+
+
+def vllm_proxy(start_proxy: Callable[..., RunningProxy], upstream: Upstream, **config: Any) -> RunningProxy:
+    retry = {"attempts": 3, "base_delay_s": 0.001, "max_delay_s": 0.002}
+    return start_proxy(backend="vllm", backend_url=upstream.url, model="served-model", retry=retry, **config)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_that_fails_after_the_backend_answered_is_not_journaled(
+    proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    session = proxy.new_session(script=[{"content": "one"}, {"content": "two"}])
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("encoder broke")
+
+    from polar_cli.proxy.codecs import get_codec
+
+    codec = get_codec("openai_chat")
+    assert codec is not None
+    monkeypatch.setattr(type(codec), "stream" if stream else "encode", boom)
+    resp = chat(session, stream=stream)
+    assert resp.status_code == 500 and "encoder broke" in resp.text
+    assert session.completions() == []
+    monkeypatch.undo()
+    assert chat(session, stream=stream).status_code == 200
+    [record] = session.completions()
+    assert record["index"] == 0 and record["metadata"]["delivery"] == "answered"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"token_ids": "abc"},
+        {"token_ids": [1, "x", 2]},
+        {"token_ids": [1, -2, 3]},
+        {"logprobs": {"content": [{"token": "t", "logprob": "nan"}] * 3}},
+        {"logprobs": {"content": [{"token": "t", "logprob": "bad"}] * 3}},
+        {"message": "not an object"},
+        "prompt",
+    ],
+)
+def test_invalid_token_data_is_a_502_and_not_journaled(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream, bad: Any
+) -> None:
+    running = vllm_proxy(start_proxy, upstream)
+    session = running.new_session()
+    assert chat(session, "good").status_code == 200
+    answer = vllm_answer(prompt_ids=[1, 2, 3]) if bad == "prompt" else vllm_answer(**bad)
+    raw = orjson.dumps(answer)
+    if bad == "prompt":  # ids that are not ints, in the part vLLM answers as JSON text the proxy never parses
+        raw = raw.replace(b'"prompt_token_ids":[1,2,3]', b'"prompt_token_ids":[1,"a",3]')
+    upstream.actions.append(("json", 200, orjson.loads(raw), None))
+    resp = chat(session, "bad")
+    assert resp.status_code == 502, resp.text
+    assert "backend answered" in resp.json()["error"]["message"]  # invalid token data, or a malformed body
+    assert upstream.requests == 2  # an invalid answer is not retried
+    assert chat(session, "after").status_code == 200
+    records = session.completions()  # the session's journal still reads, without the bad call
+    assert [r["response_message"]["content"] for r in records] == ["echo: good", "echo: after"]
+    assert [r.index for r in read_journal(journal_of(running, session))] == [0, 1]
+
+
+def test_a_restart_after_an_index_gap_keeps_ids_unique(
+    start_proxy: Callable[..., RunningProxy], tmp_path: Path
+) -> None:
+    first = start_proxy(journal_dir=tmp_path)
+    session = first.new_session(session_id="gap", script=[{"content": str(i)} for i in range(6)])
+    for _ in range(3):
+        assert chat(session).status_code == 200
+    assert first.http.delete("/sessions/gap").status_code == 200
+    path = tmp_path / "gap.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[2])  # indices 0 and 2 on disk: two lines, the next id is 3
+    second = start_proxy(journal_dir=tmp_path)
+    again = second.new_session(session_id="gap", script=[{"content": "x"}])
+    assert second.http.get("/sessions/gap").json()["completions"] == 3
+    assert chat(again).status_code == 200
+    ids = [c.completion_id for c in read_journal(path)]
+    assert ids == ["gap-0", "gap-2", "gap-3"] and len(set(ids)) == len(ids)
+
+
+def test_a_torn_last_line_is_repaired_and_the_next_record_starts_its_own_line(
+    start_proxy: Callable[..., RunningProxy], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = start_proxy(journal_dir=tmp_path)
+    session = first.new_session(session_id="torn", script=[{"content": "a"}, {"content": "b"}])
+    assert chat(session).status_code == 200 and chat(session).status_code == 200
+    assert first.http.delete("/sessions/torn").status_code == 200
+    path = tmp_path / "torn.jsonl"
+    good = path.read_bytes()
+    torn = b'{"completion_id":"torn-2","session_id":"torn","index":2,"provider":"openai_chat","prompt_ids":[1,2,'
+    path.write_bytes(good + torn)  # what a power loss in the middle of a write leaves
+    second = start_proxy(journal_dir=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="polar.proxy.journal"):
+        again = second.new_session(session_id="torn", script=[{"content": "c"}])
+    assert "torn last line" in caplog.text
+    assert path.read_bytes() == good  # every complete line kept
+    assert (tmp_path / "torn.jsonl.torn-1").read_bytes() == torn  # the torn bytes set aside
+    assert chat(again).status_code == 200
+    records = read_journal(path)
+    assert [r.completion_id for r in records] == ["torn-0", "torn-1", "torn-2"]
+    assert [json.loads(line)["index"] for line in path.read_bytes().splitlines()] == [0, 1, 2]
+
+
+def test_a_bad_line_in_the_middle_does_not_make_the_rest_unreadable(
+    start_proxy: Callable[..., RunningProxy], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = start_proxy(journal_dir=tmp_path)
+    session = first.new_session(session_id="bad", script=[{"content": "a"}, {"content": "b"}, {"content": "c"}])
+    assert chat(session).status_code == 200 and chat(session).status_code == 200
+    path = tmp_path / "bad.jsonl"
+    one, two = path.read_bytes().splitlines(keepends=True)
+    invalid = orjson.loads(one)
+    invalid.update(index=7, completion_id="bad-7", response_ids="abc")  # JSON, but not a valid Completion
+    garbage = one[: len(one) // 2] + two  # an old torn line with the next record glued on
+    path.write_bytes(one + garbage + orjson.dumps(invalid) + b"\n" + two)
+    with caplog.at_level(logging.WARNING, logger="polar.proxy.journal"):
+        assert [c.index for c in read_journal(path)] == [0, 1]
+        assert [c["index"] for c in session.completions()] == [0, 7, 1]  # the raw array keeps JSON records
+        assert [c.index for c in first.state.get_completions("bad")] == [0, 1]
+    assert "line 2 is not a completion record" in caplog.text and "not a valid Completion" in caplog.text
+    assert first.http.delete("/sessions/bad").status_code == 200
+    second = start_proxy(journal_dir=tmp_path)
+    again = second.new_session(session_id="bad", script=[{"content": "z"}])
+    assert chat(again).status_code == 200
+    assert read_journal(path)[-1].completion_id == "bad-8"  # after the largest index on disk
+
+
+def test_a_client_that_left_is_marked(start_proxy: Callable[..., RunningProxy], upstream: Upstream) -> None:
+    running = vllm_proxy(start_proxy, upstream)
+    session = running.new_session()
+    upstream.actions.append("hang")
+    host, port = running.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "left"}]}).encode()
+    head = (
+        f"POST /s/{session.session_id}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {session.api_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        while upstream.requests == 0:  # the call reached the backend
+            running.run(_tick())
+    upstream.actions.insert(0, ("json", 200, vllm_answer("late"), None))
+    upstream.release()  # the hung attempt ends with a 503; the retry gets the answer, for nobody
+    for _ in range(500):
+        if session.completions():
+            break
+        running.run(_tick())
+    [record] = session.completions()
+    assert record["metadata"]["delivery"] == "client_gone" and record["response_message"]["content"] == "late"
+    assert chat(session, "next").status_code == 200
+    assert [r["metadata"]["delivery"] for r in session.completions()] == ["client_gone", "answered"]
+
+
+async def _tick() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.01)

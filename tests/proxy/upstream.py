@@ -1,0 +1,108 @@
+"""A fake vLLM server that misbehaves on demand: the outermost edge of the proxy, which cannot run for real here.
+
+Each chat request takes the next queued action (default: a good answer):
+
+- ``("json", status, body, headers)``: that reply;
+- ``"reset"``: the connection is dropped before any byte of the answer;
+- ``"truncate"``: a Content-Length answer cut off half-way (the client sees a payload error);
+- ``"hang"``: never answers (until ``release()``, so servers shut down promptly).
+
+A good answer echoes the request's last user message into the assistant text (so a test can tell answers apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .conftest import LoopThread
+
+Action = str | tuple[Any, ...]
+
+
+def vllm_answer(text: str = "ok", prompt_ids: list[int] | None = None, **choice: Any) -> dict[str, Any]:
+    ids = [7, 8, 2]
+    prompt_ids = prompt_ids if prompt_ids is not None else [1, 2, 3]
+    answer: dict[str, Any] = {
+        "id": "chatcmpl-up",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "served-model",
+        "prompt_token_ids": prompt_ids,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": {"content": [{"token": "t", "logprob": -0.5, "top_logprobs": []} for _ in ids]},
+                "finish_reason": "stop",
+                "token_ids": ids,
+                **choice,
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + 3},
+    }
+    return answer
+
+
+class Upstream:
+    """The fake server, served on a LoopThread."""
+
+    def __init__(self, loop_thread: LoopThread, *, delay_s: float = 0.0, prompt_tokens: int = 3) -> None:
+        self.actions: list[Action] = []
+        self.requests = 0
+        self.delay_s = delay_s
+        self.prompt_ids = list(range(1, prompt_tokens + 1))
+        self._lock = threading.Lock()
+        self._release: asyncio.Event | None = None
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self.loop_thread = loop_thread
+        self.url = loop_thread.serve(app)
+
+    def release(self) -> None:
+        """Let every hanging request end (with a 503)."""
+
+        async def go() -> None:
+            if self._release is not None:
+                self._release.set()
+
+        self.loop_thread.run(go())
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        with self._lock:
+            self.requests += 1
+            action: Action = self.actions.pop(0) if self.actions else "ok"
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if action == "reset":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if action == "truncate":
+            raw = orjson.dumps(vllm_answer())
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = len(raw)
+            await resp.prepare(request)
+            await resp.write(raw[: len(raw) // 2])
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        if action == "hang":
+            if self._release is None:
+                self._release = asyncio.Event()
+            await self._release.wait()
+            return web.json_response({"error": {"message": "released"}}, status=503)
+        if isinstance(action, tuple) and action[0] == "json":
+            _, status, answer, headers = (*action, None)[:4]
+            return web.json_response(answer, status=status, headers=headers)
+        last = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        return web.json_response(vllm_answer(f"echo: {last}", self.prompt_ids))
