@@ -40,18 +40,28 @@ def _allowed(backend: BackendClient, options: Mapping[str, Any], where: str) -> 
     return validate_model(model, dict(options), source=where).model_dump(exclude_unset=True)
 
 
+INLINE_SCRIPT_RULE = "a session's script must be an inline list of turns (script files come only from --script)"
+
+
 def session_options(
     backend: BackendClient, metadata: Mapping[str, Any] | None, backend_options: Mapping[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A session's ``(metadata, backend options)``: ``metadata.script`` moves to the options, and the options are
-    checked against the backend's allow-list (``BackendClient.session_options``; ConfigError → 400 naming the field).
-    Pure: nothing is opened or read, so callers can check a session before it is created."""
+    """A session's ``(metadata, backend options)``: the options are checked against the backend's allow-list
+    (``BackendClient.session_options``; ConfigError → 400 naming the field). ``metadata.script`` must be an inline
+    list; it moves to the options of a backend that takes a ``script`` and is dropped for one that does not (a task's
+    script is for the scripted backend). Pure: nothing is opened or read, so a session can be checked before it is
+    created."""
     metadata = dict(metadata or {})
     options = _allowed(backend, backend_options or {}, "backend_options")
     if "script" in metadata:
-        if "script" in options:
-            raise ConfigError("a session's script is given twice: metadata.script and the session's own script")
-        options.update(_allowed(backend, {"script": metadata.pop("script")}, "metadata.script"))
+        script = metadata.pop("script")
+        if not isinstance(script, list):
+            raise ConfigError(f"metadata.script: {INLINE_SCRIPT_RULE}, not {type(script).__name__}")
+        model = backend.session_options
+        if model is not None and "script" in model.model_fields:
+            if "script" in options:
+                raise ConfigError("a session's script is given twice: metadata.script and the session's own script")
+            options.update(_allowed(backend, {"script": script}, "metadata.script"))
     return metadata, options
 
 

@@ -155,3 +155,13 @@ def test_unknown_and_existing_sessions_answer_alike_without_a_key(proxy: Running
 def test_the_registry_checks_ids_in_full(proxy: RunningProxy) -> None:
     with pytest.raises(ConfigError, match="invalid session_id"):
         proxy.run(proxy.state.registry.create_session("abc\n"))
+
+
+def test_a_backend_without_session_options_takes_none(start_proxy: Callable[..., RunningProxy]) -> None:
+    running = start_proxy(backend="vllm", backend_url="http://127.0.0.1:9", model="served")
+    for body in ({"backend_options": {"script": []}}, {"script": [{"content": "x"}]}, {"metadata": {"script": "/x"}}):
+        resp = running.http.post("/sessions", json=body)
+        assert resp.status_code == 400, resp.text
+    # a task's inline script is for the scripted backend: another backend leaves it out (and out of the metadata)
+    info = running.http.post("/sessions", json={"metadata": {"script": [{"content": "x"}], "group": "g"}}).json()
+    assert info["metadata"] == {"group": "g"}

@@ -22,6 +22,7 @@ from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
 from polar_cli.proxy.types import ChatRequest, Generation
 
 
@@ -74,10 +75,7 @@ class ScriptedConfig(StrictModel):
 
 def _inline(value: Any) -> Any:
     if not isinstance(value, list):
-        raise ValueError(
-            f"a session's script must be an inline list of turns, not {type(value).__name__}"
-            " (script files come only from the proxy's own --script)"
-        )
+        raise ValueError(f"{INLINE_SCRIPT_RULE}, not {type(value).__name__}")
     return value
 
 
