@@ -61,6 +61,10 @@ def status_for(exc: BaseException) -> int:
     return status if isinstance(status, int) and 400 <= status <= 599 else 500
 
 
+CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
+"""Where ``polar proxy``, ``polar run`` and gateway nodes read their control token when no option gives one."""
+
+
 def new_token() -> str:
     """A fresh control token (URL-safe, 256 bits)."""
     return secrets.token_urlsafe(32)

@@ -16,6 +16,7 @@ from polar_cli.errors import ConfigError
 
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SESSION_ID_RULE = "letters, digits, '.', '_', '-', starting with a letter or digit, at most 128 characters"
+_OUTSIDE_RULE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def is_session_id(value: object) -> bool:
@@ -29,6 +30,12 @@ def check_session_id(value: object, *, what: str = "session_id") -> str:
         raise ConfigError(f"invalid {what} {value!r}: use {SESSION_ID_RULE}")
     assert isinstance(value, str)
     return value
+
+
+def id_part(text: str, limit: int = 96) -> str:
+    """``text`` made fit to start a session id: other characters become ``_``, no leading or trailing ``._-``,
+    at most ``limit`` long ("" when nothing is left)."""
+    return _OUTSIDE_RULE.sub("_", text).strip("._-")[:limit]
 
 
 def _validate_session_id(value: str) -> str:

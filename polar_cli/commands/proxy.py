@@ -8,17 +8,23 @@ from typing import Any
 
 import typer
 
+from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import validate_model
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
 
 
-def _ready(state: ProxyState) -> None:
+def _ready(state: ProxyState, generated: bool) -> None:
     url = state.base_url
     journal = state.config.journal_dir
     typer.echo(f"Polar proxy on {url}  (backend: {state.config.backend}; journal: {journal or 'in memory'})")
+    if generated:
+        typer.echo(f"Control token (generated; set --control-token or ${CONTROL_TOKEN_ENV} to choose one):")
+        typer.echo(f"  {state.config.control_token}")
+    else:
+        typer.echo(f"Control token: the one from --control-token or ${CONTROL_TOKEN_ENV}.")
     typer.echo("Create a session, then point a harness at one of its base_urls with its api_key:")
-    typer.echo(f"  curl -s -X POST {url}/sessions -H 'Content-Type: application/json' -d '{{}}'")
+    typer.echo(f"  curl -s -X POST {url}/sessions -H 'Authorization: Bearer <token>' -d '{{}}'")
     typer.echo(f"Recorded calls: GET {url}/sessions/<session_id>/completions.  Ctrl-C stops.")
 
 
@@ -32,7 +38,11 @@ def proxy(
     port: int = typer.Option(8787, help="Port to listen on (0: any free port)."),
     journal: str | None = typer.Option(None, "--journal", help="Directory for per-session JSONL journals."),
     public_url: str | None = typer.Option(None, "--public-url", help="Base URL handed to harnesses."),
-    control_token: str | None = typer.Option(None, "--control-token", help="Require this Bearer token on /sessions."),
+    control_token: str | None = typer.Option(
+        None,
+        "--control-token",
+        help=f"Bearer token the /sessions routes require (default: ${CONTROL_TOKEN_ENV}, else a generated one).",
+    ),
     backend_timeout: float | None = typer.Option(
         None, "--backend-timeout", help="Seconds one backend attempt may take (default 600).", show_default=False
     ),
@@ -45,6 +55,7 @@ def proxy(
     from polar_cli.proxy.server import serve_proxy
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)
     options: dict[str, Any] = dict(
         backend=backend,
         backend_url=backend_url,
@@ -55,14 +66,14 @@ def proxy(
         port=port,
         journal_dir=journal,
         public_url=public_url,
-        control_token=control_token,
+        control_token=token,
         backend_timeout_s=backend_timeout,
     )
     if backend_retries is not None:
         options["retry"] = {"attempts": backend_retries + 1}
     config = validate_model(ProxyConfig, options, source="polar proxy")
     try:
-        asyncio.run(serve_proxy(config, _ready))
+        asyncio.run(serve_proxy(config, lambda state: _ready(state, generated)))
     except KeyboardInterrupt:
         typer.echo("Stopped.")
 

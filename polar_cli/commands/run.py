@@ -18,7 +18,8 @@ from rich.table import Table
 from polar_cli.config import read_data_file
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
-from polar_cli.gateway.node import GatewayConfig, run_embedded
+from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
+from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.registry import get_harness
@@ -102,6 +103,11 @@ def run(
     init_workers: int = typer.Option(8, "--init-workers", help="Runtimes starting at once."),
     postrun_workers: int = typer.Option(8, "--postrun-workers", help="Sessions building/evaluating at once."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if it is missing."),
+    control_token: str | None = typer.Option(
+        None,
+        "--control-token",
+        help=f"Bearer token of the embedded gateway's control routes (default: ${CONTROL_TOKEN_ENV}, else generated).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the gateway."),
 ) -> None:
     """Run one task's sessions on an embedded gateway: live progress, a summary table, results as JSONL.
@@ -128,7 +134,8 @@ def run(
         {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},
         source="polar run",
     )
-    config = GatewayConfig(port=0, data_dir=data_dir, pipeline=pipeline, proxy=proxy)
+    token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)
+    config = GatewayConfig(port=0, data_dir=data_dir, pipeline=pipeline, proxy=proxy, control_token=token)
     console = Console(stderr=True)
     agent = get_harness(task.agent.harness)
     if not agent.is_installed() and agent.version:
@@ -148,13 +155,18 @@ def run(
 
         base_dir = task_file.resolve().parent if task_file is not None else None
 
+        def ready(node: GatewayNode) -> None:
+            shown = node.config.control_token if generated else f"from --control-token or ${CONTROL_TOKEN_ENV}"
+            line = f"gateway: {node.url}  (control token: {shown})"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
         async def main() -> list[SessionResult]:
             # SIGTERM stops like Ctrl-C: every session is cancelled, torn down and still gets its result
             current = asyncio.current_task()
             if current is not None:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-            return await run_embedded(task, config, base_dir=base_dir, on_progress=update)
+            return await run_embedded(task, config, base_dir=base_dir, on_progress=update, on_ready=ready)
 
         try:
             results = asyncio.run(main())

@@ -1,6 +1,7 @@
 """A gateway node: the proxy, the staged pipeline and the result store in one process, behind one HTTP server.
 
-Routes (``Authorization: Bearer <control_token>`` when one is configured):
+Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Authorization: Bearer <control_token>``
+(the config's, generated when none is given; the command layer prints it):
 
 | route | what |
 |---|---|
@@ -9,21 +10,20 @@ Routes (``Authorization: Bearer <control_token>`` when one is configured):
 | ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
 | ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
 | ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
-| ``GET /healthz`` | ``{ok, sessions}`` |
+| ``GET /healthz`` | ``{ok}``, open |
 | ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from polar_cli.errors import ConfigError, ProxyError, SessionError
 from polar_cli.gateway.config import PipelineConfig
@@ -31,16 +31,16 @@ from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
-from polar_cli.http import guarded, json_errors, json_response, read_json
-from polar_cli.ids import SessionId
+from polar_cli.http import guarded, json_errors, json_response, new_token, read_json
+from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.server import listen_url
+from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
 
 PROXY_PREFIX = "/proxy"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class GatewayConfig(StrictModel):
@@ -51,9 +51,16 @@ class GatewayConfig(StrictModel):
     public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
     data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
     scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
-    control_token: str | None = None
+    control_token: str = Field(
+        default_factory=new_token, description="Bearer token of every control route (the proxy's too); generated"
+    )
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
+
+    @field_validator("control_token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> Any:
+        return value or new_token()  # never open: a missing token is a generated one
 
     def proxy_config(self) -> ProxyConfig:
         journal = self.proxy.journal_dir or self.data_dir / "journal"
@@ -70,7 +77,7 @@ class SessionCreate(StrictModel):
 
 def session_id_for(task_id: str, sample_index: int) -> str:
     """``<task id, made safe>-<sample>-<random>``: readable and unique."""
-    slug = _UNSAFE.sub("_", task_id).strip("._-")[:96] or "task"
+    slug = id_part(task_id) or "task"
     return f"{slug}-{sample_index}-{secrets.token_hex(4)}"
 
 
@@ -135,13 +142,19 @@ class GatewayNode:
             metadata={k: v for k, v in task.metadata.items() if k != "script"},
         )
 
-    async def submit(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+    def check(self, task: TaskRequest) -> None:
+        """ConfigError (400) unless ``task`` can run here: its own checks, and what its sessions pass to the proxy's
+        backend (``metadata.script`` only as an inline list: never a path)."""
         check_task(task)
+        session_options(self.proxy.backend, task.metadata, None)
+
+    async def submit(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+        self.check(task)
         return await self.pipeline.submit(self.job_for(task, sample_index, session_id))
 
     async def submit_task(self, task: TaskRequest) -> list[SessionJob]:
         """All ``num_samples`` sessions of ``task``."""
-        check_task(task)
+        self.check(task)
         return [await self.pipeline.submit(self.job_for(task, i)) for i in range(task.num_samples)]
 
     async def run_task(self, task: TaskRequest) -> list[SessionResult]:
@@ -177,8 +190,7 @@ class GatewayNode:
         return app
 
     def _guard(self, handler: Callable[[web.Request], Awaitable[web.Response]]) -> Any:
-        token = self.config.control_token
-        return guarded(token, "the gateway's control routes", handler) if token else handler
+        return guarded(self.config.control_token, "the gateway's control routes", handler)
 
     async def _create(self, request: web.Request) -> web.Response:
         data = await read_json(request, source="POST /sessions")
@@ -188,10 +200,10 @@ class GatewayNode:
                       "stage": str(job.stage)}, 201)  # fmt: skip
 
     async def _get(self, request: web.Request) -> web.Response:
-        return json_response(self.describe(request.match_info["session_id"]))
+        return json_response(self.describe(check_session_id(request.match_info["session_id"])))
 
     async def _result(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["session_id"]
+        session_id = check_session_id(request.match_info["session_id"])
         try:
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
@@ -203,14 +215,14 @@ class GatewayNode:
         return json_response(result.model_dump(mode="json"))
 
     async def _cancel(self, request: web.Request) -> web.Response:
-        result = await self.pipeline.cancel(request.match_info["session_id"])
+        result = await self.pipeline.cancel(check_session_id(request.match_info["session_id"]))
         return json_response(result.model_dump(mode="json"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return json_response(self.pipeline.metrics())
 
     async def _health(self, request: web.Request) -> web.Response:
-        return json_response({"ok": True, "sessions": len(self.pipeline.active())})
+        return json_response({"ok": True})  # open, so it tells nothing about sessions
 
 
 ProgressCallback = Callable[[dict[str, Any], list[SessionResult]], None]
@@ -222,13 +234,17 @@ async def run_embedded(
     *,
     base_dir: Path | None = None,
     on_progress: ProgressCallback | None = None,
+    on_ready: Callable[[GatewayNode], None] | None = None,
     interval: float = 0.2,
 ) -> list[SessionResult]:
     """Run every session of ``task`` on a gateway node started for it (``polar run``); results in sample order.
 
+    ``on_ready(node)`` is called once it listens (``node.url``; its control routes need ``config.control_token``);
     ``on_progress(metrics, finished_results)`` is called every ``interval`` seconds and once at the end.
     """
     async with GatewayNode(config, base_dir=base_dir) as node:
+        if on_ready is not None:
+            on_ready(node)
         jobs = await node.submit_task(task)
         waiting = asyncio.gather(*(node.pipeline.wait(job.session_id) for job in jobs))
         try:

@@ -172,7 +172,8 @@ async def doctor_proxy(journal_dir: Path) -> AsyncIterator[DoctorProxy]:
         await site.start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         state.base_url = url
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        control = {"Authorization": f"Bearer {config.control_token}"}  # its control routes need the token too
+        async with httpx.AsyncClient(timeout=30.0, headers=control) as client:
             yield DoctorProxy(url, client, seen)
     finally:
         await runner.cleanup()

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from polar_cli.interfaces.base import Component
 from polar_cli.proxy.types import ChatRequest, Generation
 
@@ -16,9 +18,14 @@ class BackendClient(ABC):
     ``generate`` returns the assistant message with exact token data, or raises BackendError (already retried where
     the failure was transient). Per-session hooks let a backend keep per-session state (the scripted backend's
     cursor); HTTP backends ignore them.
+
+    ``session_options`` is the allow-list of what one session may pass to ``open_session``: a pydantic model
+    (``extra="forbid"``), or None when sessions pass nothing. Sessions are created over HTTP by whoever holds the
+    control token, so no per-session option may name a host path: files come only from the operator's configuration.
     """
 
     name: ClassVar[str] = ""
+    session_options: ClassVar[type[BaseModel] | None] = None
 
     @abstractmethod
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
@@ -33,7 +40,7 @@ class BackendClient(ABC):
         return []
 
     async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
-        """A session was created; ``options`` are backend options it passed (e.g. its own ``script``)."""
+        """A session was created; ``options`` are what it passed, already checked against ``session_options``."""
 
     async def close_session(self, session_id: str) -> None:  # noqa: B027 - optional hook
         """A session was removed; forget its state."""

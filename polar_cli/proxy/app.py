@@ -17,6 +17,7 @@ from aiohttp import web
 
 from polar_cli.errors import BackendError, PolarError, ProtocolError
 from polar_cli.http import json_errors
+from polar_cli.ids import SESSION_ID_RULE, is_session_id
 from polar_cli.proxy.capture import check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
 from polar_cli.proxy.codecs.base import Codec
@@ -81,9 +82,11 @@ class ProxyHandler:
         headers = {k.lower(): v for k, v in request.headers.items()}
         found = detect(request.method, tail, headers, request.query)
         codec = get_codec(found.provider)
+        if not is_session_id(session_id):
+            return provider_error(codec, 400, f"invalid session id {session_id!r}: use {SESSION_ID_RULE}")
         if found.kind == "base":
-            if session_id not in self.state.registry:
-                return provider_error(codec, 404, f"unknown session {session_id!r}")
+            # harnesses probe their base URL, with or without a key: every well-formed id gets this same answer,
+            # known or not, so a probe learns nothing about which sessions exist
             return web.Response(status=200) if request.method == "HEAD" else _json({"ok": True})
         session = self.state.registry.authenticate(session_id, presented_keys(request))
         if session is None:

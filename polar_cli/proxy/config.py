@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from polar_cli.errors import ConfigError
+from polar_cli.http import new_token
 from polar_cli.models import StrictModel
 from polar_cli.proxy.retry import RetryConfig
 
@@ -26,11 +27,18 @@ class ProxyConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     public_url: str | None = Field(default=None, description="base URL handed to harnesses; default: where it listens")
-    control_token: str | None = Field(default=None, description="if set, /sessions routes need this Bearer token")
+    control_token: str = Field(
+        default_factory=new_token, description="the Bearer token every control route needs; generated when not given"
+    )
     retry: RetryConfig = Field(default_factory=RetryConfig)
     backend_timeout_s: float | None = Field(default=None, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
+
+    @field_validator("control_token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> Any:
+        return value or new_token()  # never open: a missing token is a generated one
 
     def backend_config(self) -> dict[str, Any]:
         """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept)."""

@@ -1,4 +1,8 @@
-"""Control routes: create, inspect, list completions of, and delete sessions."""
+"""Control routes: create, inspect, list completions of, and delete sessions.
+
+Every control route needs the proxy's control token (``Authorization: Bearer``, compared in constant time): sessions
+hold secrets and every recorded prompt. ``/healthz`` is open and says only that the proxy is up.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,32 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pydantic import Field
 
+from polar_cli.errors import ConfigError
 from polar_cli.http import guarded, json_response, read_json
+from polar_cli.ids import SessionId, check_session_id
 from polar_cli.models import StrictModel, validate_model
+from polar_cli.proxy.backends.scripted import InlineScript
 
 if TYPE_CHECKING:
     from polar_cli.proxy.state import ProxyState
 
 
 class SessionCreate(StrictModel):
-    """Body of ``POST /sessions``."""
+    """Body of ``POST /sessions``. ``script`` and ``backend_options`` are checked against the backend's per-session
+    allow-list: a script is an inline list of turns, never a path."""
 
-    session_id: str | None = None
+    session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-    script: list[Any] | None = Field(default=None, description="scripted backend: this session's own script")
+    script: InlineScript | None = Field(default=None, description="scripted backend: this session's own turns")
     backend_options: dict[str, Any] = Field(default_factory=dict)
 
 
 def _origin(request: web.Request, state: ProxyState) -> str:
     return state.base_url or f"{request.scheme}://{request.host}"
+
+
+def _session_id(request: web.Request) -> str:
+    return check_session_id(request.match_info["session_id"])
 
 
 def add_control_routes(app: web.Application, state: ProxyState) -> None:
@@ -35,6 +47,8 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
         spec = validate_model(SessionCreate, data, source="POST /sessions")
         options = dict(spec.backend_options)
         if spec.script is not None:
+            if "script" in options:
+                raise ConfigError("POST /sessions: give the script once: script or backend_options.script")
             options["script"] = spec.script
         session = await state.registry.create_session(spec.session_id, spec.metadata, options)
         return json_response(state.session_info(session, _origin(request, state)), 201)
@@ -44,23 +58,21 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
         return json_response({"sessions": [s.summary(origin) for s in state.registry.sessions()]})
 
     async def get_session(request: web.Request) -> web.Response:
-        session = state.registry.get(request.match_info["session_id"])
+        session = state.registry.get(_session_id(request))
         return json_response(session.summary(_origin(request, state)))
 
     async def completions(request: web.Request) -> web.Response:
-        body = state.registry.completions_json(request.match_info["session_id"])
+        body = state.registry.completions_json(_session_id(request))
         return web.Response(body=body, content_type="application/json")
 
     async def delete(request: web.Request) -> web.Response:
-        session = await state.registry.close_session(request.match_info["session_id"])
+        session = await state.registry.close_session(_session_id(request))
         return json_response({**session.summary(None), "deleted": True})
 
     async def health(request: web.Request) -> web.Response:
-        return json_response({"ok": True, "backend": state.config.backend, "sessions": len(state.registry.sessions())})
+        return json_response({"ok": True})  # open, so it tells nothing about sessions or the backend
 
     def guard(handler: Any) -> Any:
-        if not token:
-            return handler
         return guarded(token, "this proxy's control routes", handler)
 
     app.router.add_post("/sessions", guard(create))

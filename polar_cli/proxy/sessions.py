@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from polar_cli.errors import SessionError, SessionExistsError
+from polar_cli.errors import ConfigError, SessionError, SessionExistsError
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
-from polar_cli.models import Completion
+from polar_cli.models import Completion, validate_model
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 
 
@@ -28,6 +28,41 @@ def base_urls(base_url: str, session_id: str) -> dict[str, str]:
     """What a harness is given per provider family (its SDK appends the rest of the path)."""
     root = base_url.rstrip("/") + session_prefix(session_id)
     return {"anthropic": root, "openai": root + "/v1", "google": root}
+
+
+def _allowed(backend: BackendClient, options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not options:
+        return {}
+    model = backend.session_options
+    if model is None:
+        names = ", ".join(sorted(options))
+        raise ConfigError(f"{where}: the {backend.name or 'configured'} backend takes no per-session options ({names})")
+    return validate_model(model, dict(options), source=where).model_dump(exclude_unset=True)
+
+
+INLINE_SCRIPT_RULE = "a session's script must be an inline list of turns (script files come only from --script)"
+
+
+def session_options(
+    backend: BackendClient, metadata: Mapping[str, Any] | None, backend_options: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A session's ``(metadata, backend options)``: the options are checked against the backend's allow-list
+    (``BackendClient.session_options``; ConfigError → 400 naming the field). ``metadata.script`` must be an inline
+    list; it moves to the options of a backend that takes a ``script`` and is dropped for one that does not (a task's
+    script is for the scripted backend). Pure: nothing is opened or read, so a session can be checked before it is
+    created."""
+    metadata = dict(metadata or {})
+    options = _allowed(backend, backend_options or {}, "backend_options")
+    if "script" in metadata:
+        script = metadata.pop("script")
+        if not isinstance(script, list):
+            raise ConfigError(f"metadata.script: {INLINE_SCRIPT_RULE}, not {type(script).__name__}")
+        model = backend.session_options
+        if model is not None and "script" in model.model_fields:
+            if "script" in options:
+                raise ConfigError("a session's script is given twice: metadata.script and the session's own script")
+            options.update(_allowed(backend, {"script": script}, "metadata.script"))
+    return metadata, options
 
 
 @dataclass
@@ -79,15 +114,13 @@ class SessionRegistry:
         metadata: Mapping[str, Any] | None = None,
         backend_options: Mapping[str, Any] | None = None,
     ) -> Session:
-        """A new session with its own secret; ``backend_options`` (e.g. ``script``) go to the backend."""
+        """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
+        checked against its allow-list (see :func:`session_options`)."""
         session_id = session_id or uuid.uuid4().hex
         check_session_id(session_id)
         if session_id in self._sessions:
             raise SessionExistsError(f"session {session_id!r} already exists")
-        metadata = dict(metadata or {})
-        options = dict(backend_options or {})
-        if "script" in metadata and "script" not in options:
-            options["script"] = metadata.pop("script")
+        metadata, options = session_options(self.backend, metadata, backend_options)
         await self.backend.open_session(session_id, options)
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time())
         if self.journal_dir is not None:

@@ -145,6 +145,21 @@ class DockerProcess(RuntimeProcess):
     async def _inspect(self) -> dict[str, Any]:
         return await call("exec inspect", self._api.exec_inspect, self._exec_id)
 
+    @staticmethod
+    def _exited(info: Mapping[str, Any]) -> bool:
+        """Whether the exec has run and ended. ``exec start`` hands back the stream before the engine starts the
+        process: until then it reads ``Running: false`` with no ``ExitCode``, which is "not yet", never "exited"."""
+        return not info.get("Running") and info.get("ExitCode") is not None
+
+    async def _container_running(self) -> bool:
+        try:
+            info = await call("container inspect", self._api.inspect_container, self._handle.container.id)
+        except RuntimeFailure as exc:
+            if _is_not_found(exc):
+                return False
+            raise
+        return bool((info.get("State") or {}).get("Running"))
+
     async def wait(self) -> int:
         delay = 0.02
         while self._exit_code is None:
@@ -155,9 +170,11 @@ class DockerProcess(RuntimeProcess):
                     self._exit_code = 137  # the container was removed under it
                     break
                 raise
-            if not info.get("Running"):
-                code = info.get("ExitCode")
-                self._exit_code = 137 if code is None else int(code)
+            if self._exited(info):
+                self._exit_code = int(info["ExitCode"])
+                break
+            if not info.get("Running") and self._eof.is_set() and not await self._container_running():
+                self._exit_code = 137  # its container died before the command could start
                 break
             if self._eof.is_set():
                 await asyncio.sleep(0.01)
@@ -171,8 +188,8 @@ class DockerProcess(RuntimeProcess):
         if self._handle.closed or self._exit_code is not None:
             return
         pid = read_pid(self._pid_file)
-        for _ in range(40):  # the wrapper writes its pid first thing; give it a moment
-            if pid is not None or not (await self._inspect()).get("Running"):
+        for _ in range(40):  # the wrapper writes its pid first thing (once the engine started it); give it a moment
+            if pid is not None or self._exited(await self._inspect()):
                 break
             await asyncio.sleep(0.05)
             pid = read_pid(self._pid_file)
@@ -184,7 +201,7 @@ class DockerProcess(RuntimeProcess):
             await self._handle.kill_in_container(sig, pid)
             deadline = time.monotonic() + wait_for
             while time.monotonic() < deadline:
-                if not (await self._inspect()).get("Running"):
+                if self._exited(await self._inspect()):
                     return
                 await asyncio.sleep(0.05)
 

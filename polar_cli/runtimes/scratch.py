@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -13,6 +12,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from polar_cli.ids import id_part
 
 OWNER_FILE = ".owner.json"
 
@@ -22,7 +23,7 @@ def default_scratch_root() -> Path:
 
 
 def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:40] or "session"
+    return id_part(text, 40) or "session"
 
 
 def owner_alive(owner: dict[str, object]) -> bool:

@@ -73,6 +73,10 @@ def config(tmp_path: Path, **pipeline: Any) -> GatewayConfig:
                          pipeline={"init_workers": 2, "run_slots": 4, "postrun_workers": 2, **pipeline})  # fmt: skip
 
 
+def control(node: GatewayNode) -> dict[str, str]:
+    return {"Authorization": f"Bearer {node.config.control_token}"}
+
+
 def gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -94,7 +98,7 @@ def test_completed_timeout_crash_and_cancel_in_one_gateway(tmp_path: Path) -> No
         async with GatewayNode(config(tmp_path)) as node:
             jobs = {name: await node.submit(t) for name, t in tasks.items()}
             await until(lambda: pid_file.exists() and pid_file.read_text().strip(), "the agent to start")
-            async with httpx.AsyncClient(base_url=node.url, timeout=60) as client:
+            async with httpx.AsyncClient(base_url=node.url, timeout=60, headers=control(node)) as client:
                 metrics = (await client.get("/metrics")).json()
                 assert metrics["stages"]["running"]["capacity"] == 4
                 session = jobs["cancel"].session_id
@@ -137,7 +141,10 @@ def test_refreshed_runtime_evaluation_over_http(tmp_path: Path) -> None:
     )
 
     async def body() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        async with GatewayNode(config(tmp_path)) as node, httpx.AsyncClient(base_url=node.url, timeout=60) as client:
+        async with (
+            GatewayNode(config(tmp_path)) as node,
+            httpx.AsyncClient(base_url=node.url, timeout=60, headers=control(node)) as client,
+        ):
             bad = await client.post("/sessions", json={"task": {**refreshed.model_dump(), "num_sample": 2}})
             created = await client.post("/sessions", json={"task": refreshed.model_dump(mode="json")})
             assert created.status_code == 201, created.text

@@ -97,7 +97,12 @@ class RunningProxy:
         self.state: ProxyState = self.run(self._make_state())
         self.url = self.loop_thread.serve(create_proxy_app(self.config, self.state))
         self.state.base_url = self.url
-        self.http = httpx.Client(base_url=self.url, timeout=30)
+        # the operator's client: it knows the control token (``anonymous()`` is another local user's)
+        self.http = httpx.Client(base_url=self.url, timeout=30, headers=self.control_headers)
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.control_token}"}
 
     async def _make_state(self) -> ProxyState:
         return ProxyState(self.config)

@@ -192,14 +192,6 @@ def test_backend_down_gives_provider_error_after_retries(
     assert session.completions() == []
 
 
-def test_control_token(start_proxy: Callable[..., RunningProxy]) -> None:
-    running = start_proxy(control_token="s3cret")
-    assert running.http.post("/sessions", json={}).status_code == 401
-    ok = running.http.post("/sessions", json={}, headers={"Authorization": "Bearer s3cret"})
-    assert ok.status_code == 201
-    assert running.http.get("/healthz").json()["ok"]
-
-
 def test_internal_errors_never_leak_a_traceback(proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch) -> None:
     session = proxy.new_session(script=[{"content": "ok"}])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -18,7 +19,14 @@ from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models.task import Mount, PrepareAction, RuntimeSpec
 from polar_cli.registry import get_runtime
 from polar_cli.runtimes import start_session
-from polar_cli.runtimes.docker import LABEL_OWNER, LABEL_RUNTIME, LABEL_SCRATCH, LABEL_SESSION, DockerHandle
+from polar_cli.runtimes.docker import (
+    LABEL_OWNER,
+    LABEL_RUNTIME,
+    LABEL_SCRATCH,
+    LABEL_SESSION,
+    DockerHandle,
+    DockerProcess,
+)
 from polar_cli.runtimes.tools import ensure_node
 from tests.runtimes.conftest import TEST_IMAGE, run, wait_for_file
 
@@ -227,3 +235,47 @@ def test_cleanup_removes_containers_of_dead_owners(docker_engine: Any, scratch_r
     removed = run(body())
     assert orphan.name in removed
     assert not container_exists(docker_engine, orphan.id)
+
+
+def test_a_command_not_started_yet_has_no_exit_status(scratch_root: Path) -> None:
+    """The engine answers ``Running: false`` without an ``ExitCode`` between ``exec create`` and the process start:
+    wait() keeps waiting there (it used to answer 137), and returns the command's own status once it ran."""
+
+    async def body() -> None:
+        async with await start(scratch_root, session_id="not-started") as handle:
+            api = handle.client.api
+            created = await asyncio.to_thread(api.exec_create, handle.container.id, ["sh", "-c", "echo ran; exit 5"])
+            process = DockerProcess(handle, created["Id"], handle.scratch.run / "unused.pid")
+            waiting = asyncio.create_task(process.wait())
+            await asyncio.sleep(0.5)  # several inspections of the created, not yet started exec
+            assert not waiting.done(), waiting.result()
+            process.pump(await asyncio.to_thread(api.exec_start, created["Id"], socket=True))
+            assert await waiting == 5
+            assert [chunk async for _, chunk in process.output()] == [b"ran\n"]
+
+    run(body())
+    assert list(scratch_root.iterdir()) == []
+
+
+def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
+    """Many short execs (POLAR_DOCKER_EXECS, default 400; the bug showed about once in 200-300): every status and
+    output is the command's own, never 137 for a command that had not started yet."""
+    commands = [(["true"], 0, ""), (["sh", "-c", "exit 3"], 3, ""), (["echo", "x"], 0, "x\n")]
+    count = int(os.environ.get("POLAR_DOCKER_EXECS", "400"))
+
+    async def body() -> list[tuple[int, int, str, str]]:
+        async with await start(scratch_root, session_id="many-execs") as handle:
+            gate = asyncio.Semaphore(16)
+
+            async def one(i: int) -> tuple[int, int, str, str]:
+                argv, _, _ = commands[i % len(commands)]
+                async with gate:
+                    result = await handle.exec(argv, timeout=120)
+                return i, result.exit_code, result.stdout, result.stderr
+
+            return await asyncio.gather(*(one(i) for i in range(count)))
+
+    results = run(body())
+    wrong = [(i, code, out, err) for i, code, out, err in results if (code, out) != commands[i % len(commands)][1:]]
+    assert wrong == [], f"{len(wrong)} of {count} execs misreported, e.g. {wrong[:5]}"
+    assert list(scratch_root.iterdir()) == []

@@ -12,16 +12,17 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from polar_cli.config import read_data_file
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
 from polar_cli.proxy.types import ChatRequest, Generation
 
 
@@ -72,8 +73,25 @@ class ScriptedConfig(StrictModel):
         return str(value) if isinstance(value, Path) else value
 
 
+def _inline(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise ValueError(f"{INLINE_SCRIPT_RULE}, not {type(value).__name__}")
+    return value
+
+
+InlineScript = Annotated[list[Any], BeforeValidator(_inline)]
+"""A session's own script: turns given inline. Never a path: a session is created by a remote caller, and a path
+would make the proxy read (or block on) any file it names."""
+
+
+class ScriptedSessionOptions(StrictModel):
+    """What one session may pass to the scripted backend (its allow-list)."""
+
+    script: InlineScript | None = Field(default=None, description="this session's turns (a list, never a path)")
+
+
 def load_script(source: list[Any] | str | Path, *, where: str = "script") -> list[ScriptTurn]:
-    """Validate a script given inline (a list) or as a JSON/YAML file path."""
+    """Validate a script given inline (a list) or as a JSON/YAML file path (operator configuration only)."""
     if isinstance(source, str | Path):
         where = str(source)
         data = read_data_file(source)
@@ -99,6 +117,7 @@ class _Cursor:
 
 class ScriptedClient(BackendClient):
     name = "scripted"
+    session_options = ScriptedSessionOptions
 
     def __init__(self, config: ScriptedConfig) -> None:
         self.config = config
@@ -107,8 +126,8 @@ class ScriptedClient(BackendClient):
         self._cursors: dict[str, _Cursor] = {}
 
     async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:
-        script = options.get("script")
-        turns = load_script(script, where=f"session {session_id} script") if script is not None else self.default_turns
+        script = validate_model(ScriptedSessionOptions, dict(options), source=f"session {session_id}").script
+        turns = self.default_turns if script is None else load_script(script, where=f"session {session_id} script")
         self._cursors[session_id] = _Cursor(turns)
 
     async def close_session(self, session_id: str) -> None:
