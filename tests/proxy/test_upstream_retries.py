@@ -127,7 +127,8 @@ def test_the_per_attempt_timeout_retries_a_hung_attempt(
 
 def test_polar_proxy_flags_set_the_attempt_timeout_and_retries(upstream: Upstream) -> None:
     cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0", "--backend", "vllm", "--backend-url",
-           upstream.url, "--model", "served-model", "--backend-timeout", "0.3", "--backend-retries", "1"]  # fmt: skip
+           upstream.url, "--model", "served-model", "--backend-timeout", "0.3", "--backend-retries", "1",
+           "--control-token", "flags-token"]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "POLAR_LOAD_PLUGINS": ""}
     )
@@ -136,7 +137,8 @@ def test_polar_proxy_flags_set_the_attempt_timeout_and_retries(upstream: Upstrea
         first = proc.stdout.readline()
         match = re.search(r"Polar proxy on (http://\S+)", first)
         assert match, first
-        info = httpx.post(f"{match.group(1)}/sessions", json={"session_id": "flags"}).json()
+        auth = {"Authorization": "Bearer flags-token"}
+        info = httpx.post(f"{match.group(1)}/sessions", json={"session_id": "flags"}, headers=auth).json()
         session = ProxySession(None, "flags", info["api_key"], info["base_urls"])  # type: ignore[arg-type]
         upstream.actions += ["hang", "hang"]
         resp = chat(session)  # 0.3 s per attempt, 2 attempts: a 504 from the proxy, not a 600 s wait
