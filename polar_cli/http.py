@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -159,6 +160,12 @@ def json_errors(*, what: str = "server") -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await _answer(request, handler)
+        if request.content.exception() is not None and not response.prepared:
+            response.force_close()  # its body could not be parsed: nothing after it on this connection can be either
+        return response
+
+    async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -194,9 +201,9 @@ def _http_message(exc: web.HTTPException, request: web.Request) -> str:
 # text/plain from ``RequestHandler.handle_error``, before routing and middlewares; it has no public hook for that
 # (aio-libs/aiohttp#3287). ``app_runner`` serves the app with a RequestHandler whose ``handle_error`` answers in the
 # app's ERROR_SHAPE instead. The parser does not say which path a rejected request named, so the handler keeps the
-# request line of the message being parsed (the first line received while no request was in progress).
+# last request line it saw at the start of a received chunk (a client starts each request in a fresh write).
 
-_MAX_TARGET = 8190  # aiohttp's default max_line_size
+_REQUEST_LINE = re.compile(rb"(\S{1,40}) (/\S{0,8190}) HTTP/\S{1,10}\r?")
 
 
 class ShapedErrorsRequestHandler(RequestHandler):
@@ -206,25 +213,19 @@ class ShapedErrorsRequestHandler(RequestHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_line = b""
-        self._head_partial = False
+        self._request_line: tuple[str, str] = ("UNKNOWN", "/")
 
     def data_received(self, data: bytes) -> None:
-        idle = self._current_request is None and not self._messages and not self._head_partial
-        if idle and data:
-            self._head_line = data.split(b"\n", 1)[0][:_MAX_TARGET]
-        count = self._request_count
+        end = data.find(b"\n", 0, 8250)  # a request line is at most aiohttp's max_line_size (8190) + method + version
+        line = _REQUEST_LINE.fullmatch(data, 0, end) if end > 0 else None
+        if line is not None:
+            self._request_line = (line.group(1).decode("latin-1"), line.group(2).decode("latin-1"))
         super().data_received(data)
-        # a head that has not completed yet: later data continues it, it does not start a new request line
-        self._head_partial = (idle or self._head_partial) and self._request_count == count
 
     def _target(self, request: web.BaseRequest) -> tuple[str, str]:
         if request.path != "/" or request.method != "UNKNOWN":  # a parsed request: its own method and path
             return request.method, request.path_qs
-        parts = self._head_line.decode("latin-1").split(" ")
-        if len(parts) >= 2 and parts[1].startswith("/"):
-            return parts[0], parts[1]
-        return "UNKNOWN", "/"
+        return self._request_line
 
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None

@@ -162,7 +162,10 @@ class ProxyHandler:
                 return _json(codec.count_tokens_body(count))
             return await self._generate(session, codec, found, body, raw, started)
         except ProtocolError as exc:
-            return provider_error(codec, status_for(exc), str(exc)[:MAX_MESSAGE_CHARS])
+            refused = provider_error(codec, status_for(exc), str(exc)[:MAX_MESSAGE_CHARS])
+            if request.content.exception() is not None or not request.content.at_eof():
+                refused.force_close()  # a body left unread or unreadable: the connection cannot carry another request
+            return refused
         except BackendError as exc:
             log.warning("session %s: backend error: %s", session_id, exc)
             return provider_error(codec, exc.status, str(exc)[:MAX_MESSAGE_CHARS])
