@@ -161,8 +161,11 @@ def json_errors(*, what: str = "server") -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await _answer(request, handler)
-        if request.content.exception() is not None and not response.prepared:
-            response.force_close()  # its body could not be parsed: nothing after it on this connection can be either
+        # a body that could not be decoded, or an encoded one left unread (decoding it later may fail, and aiohttp
+        # would then answer a second time on this connection): nothing after it on this connection is safe to parse
+        unread = request.headers.get("Content-Encoding") and not request.content.at_eof()
+        if (request.content.exception() is not None or unread) and not response.prepared:
+            response.force_close()
         return response
 
     async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
