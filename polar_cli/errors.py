@@ -9,6 +9,7 @@
     ├── NotImplementedYetError       a declared placeholder component was used
     ├── ProxyError                   the gateway proxy could not serve a call
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
+    │   │   └── BodyTooLargeError    a request body over the proxy's limit (413)
     │   └── BackendError             the inference backend failed (after retries)
     ├── RuntimeFailure               a runtime could not start, exec, copy or stop
     ├── HarnessError                 a harness could not be installed, configured or run
@@ -21,10 +22,14 @@
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
-status by matching message text: see ``polar_cli.http.status_for``.
+status by matching message text: see ``polar_cli.http.status_for``. Messages quote what a client sent through
+:func:`brief`, never a plain repr: a 6 MB string or a value nested 1000 deep must not make the error itself fail.
 """
 
 from __future__ import annotations
+
+import reprlib
+from typing import Any
 
 
 class PolarError(Exception):
@@ -65,6 +70,12 @@ class ProtocolError(ProxyError):
     """A malformed provider request."""
 
     http_status = 400
+
+
+class BodyTooLargeError(ProtocolError):
+    """A request body over the configured size limit."""
+
+    http_status = 413
 
 
 class BackendError(ProxyError):
@@ -113,3 +124,12 @@ class AuthError(PolarError):
     """A control call without the right token."""
 
     http_status = 401
+
+
+def brief(value: Any, limit: int = 80) -> str:
+    """A bounded repr for error messages: never huge, never deep (no RecursionError on deeply nested values)."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother, short.maxlong = 2, limit, limit, limit
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 4
+    text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

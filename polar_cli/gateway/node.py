@@ -31,10 +31,10 @@ from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
-from polar_cli.http import guarded, json_errors, json_response, new_token, read_json
+from polar_cli.http import ERROR_SHAPE, app_runner, guarded, json_errors, json_response, new_token, read_json
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
-from polar_cli.proxy.app import create_proxy_app
+from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
@@ -104,7 +104,7 @@ class GatewayNode:
 
     async def start(self) -> None:
         app = self.create_app()
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._runner = app_runner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         try:
@@ -186,7 +186,8 @@ class GatewayNode:
         app.router.add_delete("/sessions/{session_id}", guard(self._cancel))
         app.router.add_get("/metrics", guard(self._metrics))
         app.router.add_get("/healthz", self._health)
-        app.add_subapp(PROXY_PREFIX, create_proxy_app(self.proxy.config, self.proxy))
+        app[ERROR_SHAPE] = proxy_error_shape(PROXY_PREFIX)
+        app.add_subapp(PROXY_PREFIX, create_proxy_app(self.proxy.config, self.proxy, mount=PROXY_PREFIX))
         return app
 
     def _guard(self, handler: Callable[[web.Request], Awaitable[web.Response]]) -> Any:

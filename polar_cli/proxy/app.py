@@ -2,7 +2,9 @@
 
 ``create_proxy_app(config)`` makes a standalone app; ``setup_proxy(app, state)`` adds the same routes to a bigger
 gateway app. A proxied call is: detect (path, then headers) → check the session key → decode → one backend call →
-journal the Completion → answer (JSON or a synthetic SSE stream). Every failure is answered in the provider's shape.
+journal the Completion → answer (JSON or a synthetic SSE stream). Every failure is answered in the provider's shape,
+including aiohttp's own 404/405/413 and HTTP framing 400s (``proxy_error_shape`` as the app's ``ERROR_SHAPE``: serve
+the app with ``polar_cli.http.app_runner``).
 """
 
 from __future__ import annotations
@@ -10,13 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+from yarl import URL
 
-from polar_cli.errors import BackendError, PolarError, ProtocolError
-from polar_cli.http import json_errors
+from polar_cli.errors import BackendError, BodyTooLargeError, PolarError, ProtocolError
+from polar_cli.http import (
+    ERROR_SHAPE,
+    MAX_MESSAGE_CHARS,
+    ErrorShape,
+    error_response,
+    header_bytes,
+    json_errors,
+    status_for,
+)
 from polar_cli.ids import SESSION_ID_RULE, is_session_id
 from polar_cli.proxy.capture import check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
@@ -34,9 +48,16 @@ log = logging.getLogger("polar.proxy")
 PROXY_STATE = web.AppKey("polar_proxy_state", ProxyState)
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of arrays/objects a request body may have. orjson writes at most 255 levels and the journal
+embeds the body (and the messages decoded from it) a few levels down, so anything it accepts can be written back."""
+OFFLOAD_BYTES = 256 * 1024
+"""Bodies at least this large are parsed and checked in a worker thread, so the event loop keeps serving others."""
 
-def presented_keys(request: web.Request) -> list[str]:
-    """Every API key the request carries: x-api-key, Authorization Bearer, x-goog-api-key, ?key=."""
+
+def presented_keys(request: web.Request) -> list[bytes]:
+    """Every API key the request carries (x-api-key, Authorization Bearer, x-goog-api-key, ?key=), as raw bytes:
+    odd header bytes never break the comparison."""
     headers = request.headers
     keys = [k for k in (headers.get("x-api-key"), headers.get("x-goog-api-key")) if k]
     auth = headers.get("Authorization")
@@ -45,7 +66,7 @@ def presented_keys(request: web.Request) -> list[str]:
     query_key = request.query.get("key")
     if query_key:
         keys.append(query_key)
-    return keys
+    return [header_bytes(k) for k in keys]
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -54,19 +75,68 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def provider_error(codec: Codec | None, status: int, message: str) -> web.Response:
     if codec is None:
-        return _json({"error": {"message": message}}, status)
+        return error_response(status, message)
     return _json(codec.error_body(status, message), status)
 
 
-async def _read_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
-    raw = await request.read()
+def proxy_error_shape(prefix: str = "") -> ErrorShape:
+    """The app's ``ERROR_SHAPE``: under ``{prefix}/s/{session_id}`` the detected provider's error body, elsewhere the
+    control shape. ``prefix`` is where the proxy app is mounted (the gateway mounts it under ``/proxy``)."""
+    root = f"{prefix}/s/"
+
+    def shape(method: str, target: str, headers: Mapping[str, str], status: int, message: str) -> web.Response:
+        url = URL(target, encoded=True)
+        if not url.path.startswith(root):
+            return error_response(status, message)
+        tail = url.path[len(root) :].partition("/")[2]
+        found = detect(method, "/" + tail, {k.lower(): v for k, v in headers.items()}, url.query)
+        return provider_error(get_codec(found.provider), status, message)
+
+    return shape
+
+
+def _too_deep(value: Any) -> bool:
+    """True when ``value`` nests arrays/objects deeper than MAX_JSON_DEPTH (a walk over containers only: a few
+    microseconds for a chat body; the body itself counts as level 1)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        inner = [child for child in children if isinstance(child, dict | list)]
+        if inner:
+            if depth >= MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in inner)
+    return False
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, only if it can be written back (nesting within MAX_JSON_DEPTH); else a 400."""
     try:
         body = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+        raise ProtocolError(f"request body is not valid JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):
         raise ProtocolError("request body must be a JSON object")
-    return body, raw
+    if _too_deep(body):
+        raise ProtocolError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+async def _read_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
+    limit = request.client_max_size
+    too_large = f"request body is larger than the proxy's limit of {limit / (1 << 20):g} MiB (max_body_mb)"
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLargeError(too_large)  # refused before reading a byte of it
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLargeError(too_large) from exc
+    except (RequestPayloadError, HttpProcessingError) as exc:  # bad chunking, a body that is not what its
+        raise ProtocolError(f"cannot read the request body: {str(exc)[:200]}") from exc  # Content-Encoding says
+    if len(raw) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(_parse_body, raw), raw
+    return _parse_body(raw), raw
 
 
 class ProxyHandler:
@@ -98,23 +168,28 @@ class ProxyHandler:
             if codec is None:
                 return provider_error(None, 404, f"the {found.provider} protocol is not available in this proxy")
             if found.kind == "unknown":
-                return provider_error(codec, 404, f"no such endpoint: {request.method} {found.route.path}")
+                where = f"{request.method[:40]} {found.route.path[:200]}"
+                return provider_error(codec, 404, f"no such endpoint: {where}")
             body, raw = await _read_body(request)
             if found.kind == "count_tokens":
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))
             return await self._generate(session, codec, found, body, raw, started, request)
         except ProtocolError as exc:
-            return provider_error(codec, 400, str(exc))
+            refused = provider_error(codec, status_for(exc), str(exc)[:MAX_MESSAGE_CHARS])
+            if request.content.exception() is not None or not request.content.at_eof():
+                refused.force_close()  # a body left unread or unreadable: the connection cannot carry another request
+            return refused
         except BackendError as exc:
             log.warning("session %s: backend error: %s", session_id, exc)
-            return provider_error(codec, exc.status, str(exc))
+            return provider_error(codec, exc.status, str(exc)[:MAX_MESSAGE_CHARS])
         except PolarError as exc:
             log.error("session %s: %s", session_id, exc)
-            return provider_error(codec, 500, str(exc))
+            return provider_error(codec, 500, str(exc)[:MAX_MESSAGE_CHARS])
         except Exception as exc:  # the harness gets a provider-shaped 500, never a traceback
             log.exception("session %s: internal error", session_id)
-            return provider_error(codec, 500, f"internal proxy error: {type(exc).__name__}: {exc}")
+            message = f"internal proxy error: {type(exc).__name__}: {str(exc)[:200]}"
+            return provider_error(codec, 500, message)
 
     async def _generate(
         self,
@@ -190,12 +265,13 @@ def setup_proxy(app: web.Application, state: ProxyState) -> None:
     app.on_cleanup.append(_close)
 
 
-def create_proxy_app(config: ProxyConfig, state: ProxyState | None = None) -> web.Application:
-    """The standalone proxy app (``polar proxy``)."""
+def create_proxy_app(config: ProxyConfig, state: ProxyState | None = None, *, mount: str = "") -> web.Application:
+    """The standalone proxy app (``polar proxy``); ``mount``: the prefix it is added under as a sub-app, if any."""
     state = state or ProxyState(config)
     app = web.Application(
         client_max_size=int(config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="proxy")]
     )
+    app[ERROR_SHAPE] = proxy_error_shape(mount)
     app.router.add_route("GET", "/", _root)
     app.router.add_route("HEAD", "/", _root)
     setup_proxy(app, state)

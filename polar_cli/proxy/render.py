@@ -6,17 +6,24 @@ the template renders for the assistant message after that generation prompt, thr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from polar_cli.errors import BackendError, ConfigError
 
 DEMO_TOKENIZER_ENV = "POLAR_DEMO_TOKENIZER_DIR"
+INLINE_RENDER_CHARS = 32 * 1024
+"""Prompts with less text than this are rendered on the event loop (well under a millisecond); bigger ones in a
+worker thread: a 6 MB message takes seconds to render and tokenize, and must not stall every other session."""
+
+T = TypeVar("T")
 
 
 def demo_tokenizer_dir() -> Path:
@@ -68,6 +75,34 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             message["tool_calls"] = fixed
         out.append(message)
     return out
+
+
+def text_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+    """About how much text a prompt holds (message contents, text parts, tool-call arguments, tool count): cheap,
+    and enough to tell a prompt that renders in microseconds from one that takes seconds."""
+    total = len(tools or ()) * 256
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                total += len(text) if isinstance(text, str) else 64
+        for key in ("reasoning_content", "reasoning"):
+            extra = message.get(key)
+            total += len(extra) if isinstance(extra, str) else 0
+        for call in message.get("tool_calls") or ():
+            args = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+            total += len(args) if isinstance(args, str) else 64
+    return total
+
+
+async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: inline when ``size`` (see :func:`text_chars`) is small, else in a worker thread."""
+    if size < INLINE_RENDER_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 class ChatRenderer:

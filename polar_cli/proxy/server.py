@@ -8,6 +8,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from polar_cli.errors import ProxyError
+from polar_cli.http import app_runner
 from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
@@ -21,7 +22,7 @@ def listen_url(host: str, port: int) -> str:
 async def serve_proxy(config: ProxyConfig, on_ready: Callable[[ProxyState], None] | None = None) -> None:
     """Serve until cancelled (Ctrl-C); ``on_ready`` gets the state once listening (``state.base_url`` is set)."""
     state = ProxyState(config)
-    runner = web.AppRunner(create_proxy_app(config, state), handle_signals=False)
+    runner = app_runner(create_proxy_app(config, state), handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)

@@ -135,14 +135,14 @@ class SessionRegistry:
         except KeyError:
             raise SessionError(f"unknown session {session_id!r}") from None
 
-    def authenticate(self, session_id: str, keys: list[str]) -> Session | None:
-        """The session if any presented key is its secret (constant-time compare), else None."""
+    def authenticate(self, session_id: str, keys: list[bytes]) -> Session | None:
+        """The session if any presented key (raw header bytes) is its secret (constant-time compare), else None."""
         session = self._sessions.get(session_id)
         if session is None:
             return None
         secret = session.api_key.encode()
         for key in keys:
-            if hmac.compare_digest(key.encode(), secret):
+            if hmac.compare_digest(key, secret):
                 return session
         return None
 

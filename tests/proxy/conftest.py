@@ -22,6 +22,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from polar_cli.http import app_runner
 from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
@@ -71,7 +72,7 @@ class LoopThread:
         """Serve ``app`` and return its base URL."""
 
         async def start() -> str:
-            runner = web.AppRunner(app)
+            runner = app_runner(app)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             self._runners.append(runner)

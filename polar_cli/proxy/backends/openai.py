@@ -6,12 +6,11 @@ The prompt and the answer are rendered with the model's HF tokenizer and chat te
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from polar_cli.errors import ConfigError
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation
-from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.types import ChatRequest, Generation
 
 
@@ -47,8 +46,10 @@ class OpenAICompatClient(HttpChatClient):
 
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
         generation = await super().generate(request, session_id=session_id)
-        await asyncio.to_thread(self._retokenize, request, generation)
+        size = text_chars(request.messages, request.tools) + text_chars([generation.message])
+        await off_loop(size, self._retokenize, request, generation)
         return generation
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        return len(await asyncio.to_thread(self.renderer.prompt_ids, request.messages, request.tools))
+        size = text_chars(request.messages, request.tools)
+        return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))

@@ -21,7 +21,7 @@ from polar_cli.config import read_data_file
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
-from polar_cli.proxy.render import ChatRenderer, load_tokenizer
+from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
 from polar_cli.proxy.types import ChatRequest, Generation
 
@@ -137,7 +137,8 @@ class ScriptedClient(BackendClient):
         return [self.config.model]
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        return len(self.renderer.prompt_ids(request.messages, request.tools))
+        size = text_chars(request.messages, request.tools)
+        return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))
 
     def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
         cursor = self._cursors.get(session_id)
@@ -164,6 +165,10 @@ class ScriptedClient(BackendClient):
             message["tool_calls"] = calls
         return message
 
+    def _render(self, request: ChatRequest, message: dict[str, Any]) -> tuple[list[int], list[int]]:
+        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools)
+        return prompt_ids, self.renderer.turn_ids(request.messages, request.tools, message)
+
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
         started = time.perf_counter()
         position, turn = self._next_turn(session_id)
@@ -174,8 +179,9 @@ class ScriptedClient(BackendClient):
         if turn.error is not None:
             raise BackendError(turn.error.message, status=turn.error.status)
         message = self._message(session_id, position, turn)
-        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools)
-        response_ids = self.renderer.turn_ids(request.messages, request.tools, message)
+        prompt_ids, response_ids = await off_loop(
+            text_chars(request.messages, request.tools) + text_chars([message]), self._render, request, message
+        )
         finish = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
         return Generation(
             id=f"chatcmpl-{uuid.uuid4().hex}",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar_cli.errors import ProtocolError
+from polar_cli.errors import ProtocolError, brief
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
@@ -206,7 +206,7 @@ def decode_messages(raw: Any, system: list[str]) -> list[dict[str, Any]]:
         elif role == "system":  # Claude Code 2.1 sends these for unknown model names; templates want one system
             system.extend(t for t in _text_blocks(msg.get("content"), f"{where}.content") if t)
         else:
-            raise ProtocolError(f"{where}.role must be 'user', 'assistant' or 'system'; got {role!r}")
+            raise ProtocolError(f"{where}.role must be 'user', 'assistant' or 'system'; got {brief(role)}")
     return out
 
 
@@ -242,7 +242,7 @@ def decode_tool_choice(raw: Any) -> tuple[str | dict[str, Any] | None, bool]:
         if not isinstance(raw.get("name"), str):
             raise ProtocolError("tool_choice.name is required when tool_choice.type is 'tool'")
         return {"type": "function", "function": {"name": raw["name"]}}, no_parallel
-    raise ProtocolError(f"tool_choice.type must be auto, any, tool or none; got {kind!r}")
+    raise ProtocolError(f"tool_choice.type must be auto, any, tool or none; got {brief(kind)}")
 
 
 def decode_request(body: dict[str, Any], *, count_only: bool = False) -> ChatRequest:

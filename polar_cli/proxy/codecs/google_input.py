@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from polar_cli.errors import ProtocolError
+from polar_cli.errors import ProtocolError, brief
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
@@ -226,7 +226,7 @@ def decode_contents(raw: Any, *, allow_empty: bool = False) -> list[dict[str, An
         elif role in ("user", "function", "tool"):
             out.extend(_user_turn(parts, where, i, calls))
         else:
-            raise ProtocolError(f"{where}.role must be 'user' or 'model'; got {role!r}")
+            raise ProtocolError(f"{where}.role must be 'user' or 'model'; got {brief(role)}")
     return out
 
 
@@ -252,8 +252,9 @@ def decode_tool_choice(raw: Any) -> str | dict[str, Any] | None:
     if not isinstance(config, dict):
         return None
     mode = config.get("mode")
-    if mode is not None and mode not in _MODES:
-        raise ProtocolError(f"toolConfig.functionCallingConfig.mode must be AUTO, ANY, NONE or VALIDATED; got {mode!r}")
+    if mode is not None and (not isinstance(mode, str) or mode not in _MODES):
+        choices = "AUTO, ANY, NONE or VALIDATED"
+        raise ProtocolError(f"toolConfig.functionCallingConfig.mode must be {choices}; got {brief(mode)}")
     names = field(config, "allowedFunctionNames", "allowed_function_names")
     if mode == "ANY" and isinstance(names, list) and len(names) == 1 and isinstance(names[0], str):
         return {"type": "function", "function": {"name": names[0]}}

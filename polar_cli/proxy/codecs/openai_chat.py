@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from polar_cli.errors import ProtocolError
+from polar_cli.errors import ProtocolError, brief
 from polar_cli.models import Provider
 from polar_cli.proxy.codecs.base import Codec, Route
 from polar_cli.proxy.codecs.common import each_object, tool_objects
@@ -47,7 +47,7 @@ def text_of(content: Any, where: str) -> str:
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.append(part["text"])
             else:
-                raise ProtocolError(f"{where}: expected text parts, got {str(part)[:80]}")
+                raise ProtocolError(f"{where}: expected text parts, got {brief(part)}")
         return "\n".join(out)
     raise ProtocolError(f"{where}: content must be a string or a list of parts")
 
@@ -95,8 +95,8 @@ def normalize_messages(raw: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for _, where, msg in each_object(raw, "messages"):
         role = msg.get("role")
-        if role not in _ROLES:
-            raise ProtocolError(f"{where}.role must be one of {', '.join(sorted(_ROLES))}; got {role!r}")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise ProtocolError(f"{where}.role must be one of {', '.join(sorted(_ROLES))}; got {brief(role)}")
         if role in ("system", "developer"):
             system.append(text_of(msg.get("content"), f"{where}.content"))
             continue

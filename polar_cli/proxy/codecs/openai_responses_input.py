@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar_cli.errors import ProtocolError
+from polar_cli.errors import ProtocolError, brief
 from polar_cli.proxy.codecs.common import unseal_thought, user_content
 from polar_cli.proxy.codecs.openai_responses_tools import (
     TOOL_SEARCH,
@@ -116,6 +116,8 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise ProtocolError(f"input[{index}] must be an object")
         kind = item.get("type") or ("message" if "role" in item else None)
+        if kind is not None and not isinstance(kind, str):
+            raise ProtocolError(f"input[{index}].type must be a string; got {brief(kind)}")
         role = item.get("role")
         if kind == "message" and role in ("system", "developer"):
             text = _text_of(item.get("content"), index, "\n\n")
@@ -145,7 +147,7 @@ def _messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
         turn = None
         if kind == "message":
             if role != "user":
-                raise ProtocolError(f"input[{index}]: unsupported message role {role!r}")
+                raise ProtocolError(f"input[{index}]: unsupported message role {brief(role)}")
             out.append({"role": "user", "content": _user_content(item.get("content"), index)})
         elif kind in ("function_call_output", "custom_tool_call_output") or _is_generic_output(kind, item):
             out.append(_tool_message(item, index))
@@ -220,7 +222,7 @@ def _reasoning_text(item: dict[str, Any]) -> str | None:
 def _tool_message(item: dict[str, Any], index: int) -> dict[str, Any]:
     call_id = item.get("call_id")
     if not isinstance(call_id, str) or not call_id:
-        raise ProtocolError(f"input[{index}] ({item.get('type')}) needs a string 'call_id'")
+        raise ProtocolError(f"input[{index}] ({brief(item.get('type'))}) needs a string 'call_id'")
     output = item.get("output", "")
     if isinstance(output, list):
         content: Any = _parts(output, index, "output")
@@ -275,7 +277,7 @@ def _parts(parts: Any, index: int, field: str) -> Any:
             file = {k: part[k] for k in ("file_data", "filename") if part.get(k)}
             out.append({"type": "file", "file": file})
         else:
-            raise ProtocolError(f"input[{index}]: unsupported content part type {kind!r}")
+            raise ProtocolError(f"input[{index}]: unsupported content part type {brief(kind)}")
     return user_content(out)
 
 
