@@ -208,9 +208,9 @@ def _http_message(exc: web.HTTPException, request: web.Request) -> str:
 # text/plain from ``RequestHandler.handle_error``, before routing and middlewares; it has no public hook for that
 # (aio-libs/aiohttp#3287). ``app_runner`` serves the app with a RequestHandler whose ``handle_error`` answers in the
 # app's ERROR_SHAPE instead. The parser does not say which path a rejected request named, so the handler keeps the
-# last request line it saw at the start of a received chunk (a client starts each request in a fresh write).
+# newest request line it saw in the data received (a chunk may also hold the end of the previous request).
 
-_REQUEST_LINE = re.compile(rb"(\S{1,40}) (/\S{0,8190}) HTTP/\S{1,10}\r?")
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,20}) (/\S{0,8190}) HTTP/\S{1,10}\r?")
 
 
 class ShapedErrorsRequestHandler(RequestHandler):
@@ -221,18 +221,32 @@ class ShapedErrorsRequestHandler(RequestHandler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._request_line: tuple[str, str] = ("UNKNOWN", "/")
+        self._error_targets: dict[int, tuple[str, str]] = {}
 
     def data_received(self, data: bytes) -> None:
-        end = data.find(b"\n", 0, 8250)  # a request line is at most aiohttp's max_line_size (8190) + method + version
-        line = _REQUEST_LINE.fullmatch(data, 0, end) if end > 0 else None
-        if line is not None:
-            self._request_line = (line.group(1).decode("latin-1"), line.group(2).decode("latin-1"))
+        # the newest request line in the chunk: a chunk may start with the previous request's body
+        at = data.rfind(b" HTTP/1.")
+        if at > 0:
+            start = data.rfind(b"\n", max(0, at - 8250), at) + 1  # a request line is at most max_line_size (8190) long
+            end = data.find(b"\n", at)
+            line = _REQUEST_LINE.fullmatch(data, start, end if end >= 0 else len(data))
+            if line is not None:
+                self._request_line = (line.group(1).decode("latin-1"), line.group(2).decode("latin-1"))
+        queued = len(self._messages)
         super().data_received(data)
+        # a parser error is queued and answered later, maybe after more requests arrived: pin its request line now
+        for message, _payload in list(self._messages)[queued:]:
+            exc = getattr(message, "exc", None)
+            if isinstance(exc, BaseException):
+                if len(self._error_targets) > 64:
+                    self._error_targets.clear()
+                self._error_targets[id(exc)] = self._request_line
 
-    def _target(self, request: web.BaseRequest) -> tuple[str, str]:
+    def _target(self, request: web.BaseRequest, exc: BaseException | None) -> tuple[str, str]:
         if request.path != "/" or request.method != "UNKNOWN":  # a parsed request: its own method and path
             return request.method, request.path_qs
-        return self._request_line
+        pinned = self._error_targets.pop(id(exc), None) if exc is not None else None
+        return pinned or self._request_line
 
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -242,7 +256,7 @@ class ShapedErrorsRequestHandler(RequestHandler):
             text = "internal server error" if status == 500 else f"HTTP {status} {plain.reason}"
         else:
             text = f"malformed HTTP request: {(message or plain.reason)[:200]}"
-        method, target = self._target(request)
+        method, target = self._target(request, exc)
         try:
             headers = request.headers if request.method != "UNKNOWN" else {}
             reply = self.shape(method, target, headers, status, text)
