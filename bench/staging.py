@@ -29,7 +29,7 @@ from rich.table import Table
 
 from polar_cli.gateway import Built, PipelineConfig, RunOutcome, SessionJob, StagedPipeline
 from polar_cli.interfaces.evaluator import EvaluationResult
-from polar_cli.models import Trajectory
+from polar_cli.models import Completion, Trajectory
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,11 @@ class SleepDriver:
         await asyncio.sleep(self.latencies.draw(self.rng, self.latencies.run))
         return RunOutcome("completed")
 
-    async def build(self, job: SessionJob, outcome: RunOutcome) -> Built:
-        return Built(Trajectory(status=outcome.status))
+    async def collect(self, job: SessionJob) -> list[Completion]:
+        return []
+
+    async def build(self, job: SessionJob, outcome: RunOutcome, completions: list[Completion]) -> Trajectory:
+        return Trajectory(status=outcome.status)
 
     async def evaluate(
         self, job: SessionJob, outcome: RunOutcome, built: Built, deadline: float | None
@@ -126,7 +129,8 @@ async def unstaged(args: argparse.Namespace, latencies: Latencies, concurrency: 
             job = SessionJob(f"u{queue.get_nowait()}")
             await driver.init(job)
             outcome = await driver.run(job, None)
-            await driver.evaluate(job, outcome, await driver.build(job, outcome), None)
+            built = Built(await driver.build(job, outcome, await driver.collect(job)))
+            await driver.evaluate(job, outcome, built, None)
 
     began = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from polar_cli.builders.common import gc_paused
 from polar_cli.builders.config import BuilderConfig, parse_config
 from polar_cli.builders.verify import verify
-from polar_cli.interfaces import Builder
+from polar_cli.interfaces.builder import BuildContext, Builder
 from polar_cli.models import Completion, Trajectory
 
 
 class TraceBuilder(Builder):
-    """A builder whose ``build`` validates its config, builds with the cyclic GC paused (its collections would re-walk
-    every token list of the session) and, with ``verify: true``, raises unless :func:`verify` passes."""
+    """A builder whose config is :class:`BuilderConfig` (strict: checked at submit by :meth:`check_config`), whose
+    ``build`` runs with the cyclic GC paused (its collections would re-walk every token list of the session) and, with
+    ``verify: true``, raises unless :func:`verify` passes."""
 
-    def build(self, completions: list[Completion], **config: Any) -> Trajectory:
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        parse_config(self.name, config)
+
+    def build(self, completions: list[Completion], config: Mapping[str, Any], context: BuildContext) -> Trajectory:
         cfg = parse_config(self.name, config)
         with gc_paused():
-            trajectory = self._build(completions, cfg)
+            trajectory = self._build(completions, cfg, context)
             if cfg.verify:
                 verify(trajectory, completions, raise_on_violation=True)
         return trajectory
 
     @abstractmethod
-    def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
+    def _build(self, completions: list[Completion], cfg: BuilderConfig, context: BuildContext) -> Trajectory:
         """The trajectory of ``completions`` under the parsed config."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from polar_cli.builders.config import BuilderConfig
 from polar_cli.errors import BuildError
+from polar_cli.interfaces.builder import BuildContext
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 
 PLACEHOLDER_LOGPROB = 0.0
@@ -49,20 +50,20 @@ def ordered_completions(completions: Sequence[Completion], config: BuilderConfig
     return ordered
 
 
-def base_metadata(config: BuilderConfig, completions: Sequence[Completion], builder: str) -> dict[str, Any]:
+def base_metadata(context: BuildContext, completions: Sequence[Completion], builder: str) -> dict[str, Any]:
     """Trace metadata common to one session: task metadata first, then the ids that must not be overridden.
 
-    Values come from the builder config; missing ones from the first completion (``session_id`` and the
+    Values come from the build context; missing ones from the first completion (``session_id`` and the
     ``task_id``/``harness``/``task_metadata`` keys of its ``metadata``).
     """
     first_meta = completions[0].metadata if completions else {}
-    task_metadata = config.task_metadata or first_meta.get("task_metadata") or {}
+    task_metadata = context.task_metadata or first_meta.get("task_metadata") or {}
     return {
-        **(task_metadata if isinstance(task_metadata, dict) else {}),
-        "session_id": config.session_id or (completions[0].session_id if completions else None),
-        "task_id": config.task_id or first_meta.get("task_id"),
+        **(task_metadata if isinstance(task_metadata, Mapping) else {}),
+        "session_id": context.session_id or (completions[0].session_id if completions else None),
+        "task_id": context.task_id or first_meta.get("task_id"),
         "builder": builder,
-        "harness": config.harness or first_meta.get("harness"),
+        "harness": context.harness or first_meta.get("harness"),
     }
 
 

@@ -11,6 +11,7 @@ from polar_cli.builders.common import (
     sampled_entries,
 )
 from polar_cli.builders.config import BuilderConfig
+from polar_cli.interfaces.builder import BuildContext
 from polar_cli.models import Completion, Trajectory
 
 
@@ -20,9 +21,9 @@ class PerRequestBuilder(TraceBuilder):
     name = "per_request"
     description = "one trace per model call: prompt ids, sampled ids, loss mask all 1, sampled logprobs"
 
-    def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
+    def _build(self, completions: list[Completion], cfg: BuilderConfig, context: BuildContext) -> Trajectory:
         ordered = ordered_completions(completions, cfg, self.name)
-        meta = base_metadata(cfg, ordered, self.name)
+        meta = base_metadata(context, ordered, self.name)
         traces = []
         for c in ordered:
             traces.append(
@@ -50,4 +51,4 @@ class PerRequestBuilder(TraceBuilder):
             "trainable_tokens": sum(len(c.response_ids) for c in ordered),
             "missing_logprobs": sum(c.response_logprobs is None for c in ordered),
         }
-        return finish(meta["session_id"], cfg.status, traces, stats)
+        return finish(meta["session_id"], context.status, traces, stats)

@@ -29,7 +29,9 @@ from polar_cli.builders.common import (
     placeholder_entries,
     sampled_entries,
 )
-from polar_cli.builders.config import BuilderConfig, end_of_turn_ids
+from polar_cli.builders.config import BuilderConfig
+from polar_cli.builders.end_of_turn import end_of_turn
+from polar_cli.interfaces.builder import BuildContext
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory
 
 
@@ -39,10 +41,14 @@ class PrefixMergingBuilder(TraceBuilder):
     name = "prefix_merging"
     description = "one trace per strict-prefix chain: sampled tokens trainable, template interstitials masked"
 
-    def _build(self, completions: list[Completion], cfg: BuilderConfig) -> Trajectory:
-        eot_ids = end_of_turn_ids(cfg, self.name)
+    def _build(self, completions: list[Completion], cfg: BuilderConfig, context: BuildContext) -> Trajectory:
         ordered = ordered_completions(completions, cfg, self.name)
-        meta = base_metadata(cfg, ordered, self.name)
+        # an empty session merges nothing: it needs no end-of-turn id
+        eot = end_of_turn(cfg, self.name, context=context, completions=ordered) if ordered else None
+        eot_ids = eot.ids if eot is not None else frozenset()
+        meta = base_metadata(context, ordered, self.name)
+        if eot is not None:
+            meta["end_of_turn_source"] = eot.source
         parts = partition(ordered, eot_ids)
         traces = [
             merge_chain(i, chain, ordered, eot_ids, meta) for i, chain in enumerate(parts.chains)
@@ -51,6 +57,7 @@ class PrefixMergingBuilder(TraceBuilder):
         stats = {
             "builder": self.name,
             "end_of_turn_ids": sorted(eot_ids),
+            "end_of_turn_source": eot.source if eot is not None else None,
             "completions": len(ordered),
             "chains": len(parts.chains),
             "traces": len(traces),
@@ -61,7 +68,7 @@ class PrefixMergingBuilder(TraceBuilder):
             "prefix_break_causes": {cause: causes[cause] for cause in BREAK_CAUSES if causes[cause]},
             "breaks": [b.as_dict() for b in parts.breaks],
         }
-        return finish(meta["session_id"], cfg.status, traces, stats)
+        return finish(meta["session_id"], context.status, traces, stats)
 
 
 def merge_chain(

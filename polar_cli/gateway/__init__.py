@@ -2,7 +2,7 @@
 
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.driver import SessionDriver
-from polar_cli.gateway.jobs import Built, RunOutcome, SessionBudget, SessionJob, Stage
+from polar_cli.gateway.jobs import Built, RunOutcome, SessionBudget, SessionJob, SessionResources, Stage
 from polar_cli.gateway.pipeline import StagedPipeline
 from polar_cli.gateway.results import ResultStore
 
@@ -14,6 +14,7 @@ __all__ = [
     "SessionBudget",
     "SessionDriver",
     "SessionJob",
+    "SessionResources",
     "Stage",
     "StagedPipeline",
 ]

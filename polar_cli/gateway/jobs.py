@@ -13,6 +13,7 @@ from polar_cli.models import Completion, SessionResult, TaskRequest, Trajectory,
 if TYPE_CHECKING:
     from polar_cli.gateway.config import PipelineConfig
     from polar_cli.interfaces.evaluator import EvaluationResult
+    from polar_cli.interfaces.runtime import RuntimeHandle
 
 
 class Stage(StrEnum):
@@ -83,8 +84,24 @@ class Built:
 
 
 @dataclass(eq=False)
+class SessionResources:
+    """What the driver holds for one session between its stages (each set by the stage that makes it)."""
+
+    proxy_key: str | None = None
+    """INIT: the secret of the session's proxy session (the harness's API key); set once that session exists."""
+    runtime: RuntimeHandle | None = None
+    """INIT: the agent's runtime, prepare actions done."""
+    prewarm: asyncio.Task[RuntimeHandle] | None = None
+    """RUNNING (``refresh_runtime``): the evaluation runtime, starting in the background."""
+    fresh: RuntimeHandle | None = None
+    """The prewarmed runtime once started (teardown stops it)."""
+    captured: list[Completion] | None = None
+    """What the proxy session recorded, snapshotted when it was closed (nothing is recorded after that)."""
+
+
+@dataclass(eq=False)
 class SessionJob:
-    """One session in the pipeline. ``state`` is the driver's own per-session scratch (runtime handle, ...)."""
+    """One session in the pipeline. ``resources`` is what the driver holds for it between stages."""
 
     session_id: str
     budget: SessionBudget = field(default_factory=SessionBudget)
@@ -92,7 +109,7 @@ class SessionJob:
     task_id: str | None = None
     sample_index: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)
+    resources: SessionResources = field(default_factory=lambda: SessionResources())
 
     stage: Stage = Stage.INIT_QUEUED
     marks: dict[str, float] = field(default_factory=dict)
@@ -100,6 +117,8 @@ class SessionJob:
     deadline: float | None = None
     """The agent deadline (``time.monotonic()``), set when the session gets a run slot."""
     outcome: RunOutcome | None = None
+    completions: list[Completion] | None = None
+    """What the proxy captured, once POSTRUN (or a salvage) collected it: kept even when the build then fails."""
     built: Built | None = None
     evaluation: EvaluationResult | None = None
     result: SessionResult | None = None

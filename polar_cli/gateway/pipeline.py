@@ -319,8 +319,7 @@ class StagedPipeline:
         status: TrajectoryStatus = outcome.status
         error = outcome.error
         try:
-            built = await self._step(job, self.driver.build(job, outcome))
-            job.built = built
+            built = await self._step(job, self._build(job, outcome))
             job.mark("build_finished")
             budget = job.budget.evaluation_seconds
             deadline = _deadline_in(budget)
@@ -341,6 +340,14 @@ class StagedPipeline:
         except Exception as exc:
             status, error = "error", _join(error, f"build failed: {describe(exc)}")
         await self._conclude(job, status, error, immediate=False)
+
+    async def _build(self, job: SessionJob, outcome: RunOutcome) -> Built:
+        """Collect what the session captured (kept in ``job.completions`` whatever the build does), then build."""
+        if job.completions is None:
+            job.completions = await self.driver.collect(job)
+        trajectory = await self.driver.build(job, outcome, job.completions)
+        job.built = Built(trajectory, job.completions)
+        return job.built
 
     # ---- the end of every session -------------------------------------------------------------------------------
 
@@ -363,7 +370,7 @@ class StagedPipeline:
             outcome = job.outcome or RunOutcome("error", error=error)
             try:
                 salvage_by = _deadline_in(self.config.cancel_build_seconds)
-                job.built = await _within(self.driver.build(job, outcome), salvage_by)
+                await _within(self._build(job, outcome), salvage_by)
             except Exception as exc:  # best effort: a cancelled session's result does not depend on it
                 log.warning("session %s: could not build the partial trajectory: %s", job.session_id, describe(exc))
         job.mark("finished")
@@ -401,7 +408,7 @@ class StagedPipeline:
             status=status,
             trajectory=trajectory,
             reward=evaluation.reward if evaluation is not None else None,
-            num_completions=len(built.completions) if built is not None else 0,
+            num_completions=len(job.completions) if job.completions is not None else 0,
             stage_seconds=job.stage_seconds(),
             error=error,
             harness_stderr=outcome.stderr if outcome is not None else None,

@@ -7,8 +7,9 @@ Per session (``job.task`` is its TaskRequest):
 - RUNNING: with ``evaluator.refresh_runtime`` a second runtime from the same spec starts in the background (prewarmed
   for evaluation); the harness runs until it exits or the agent deadline passes (its process group is killed). When
   it ends, the proxy session is closed (nothing more can be recorded) and what it captured is kept.
-- POSTRUN: ``build_trajectory(task.builder.strategy, completions, ...)`` in a thread, then the evaluator plugin with
-  the agent's runtime and the fresh one.
+- POSTRUN: the captured completions, ``build_trajectory(task.builder.strategy, completions, context=...,
+  **task.builder.config)`` in a thread (the BuildContext carries the session's ids, task metadata, status and the served
+  model's tokenizer when one is found), then the evaluator plugin with the agent's runtime and the fresh one.
 - teardown: both runtimes (``cancel()`` when immediate, else ``stop()``) and the proxy session; idempotent.
 """
 
@@ -23,24 +24,19 @@ from typing import Any
 from polar_cli.builders import build_trajectory
 from polar_cli.errors import HarnessError, PolarError, RuntimeFailure, SessionError
 from polar_cli.gateway.jobs import Built, RunOutcome, SessionJob
+from polar_cli.gateway.model_tokenizer import ModelTokenizerFinder
+from polar_cli.gateway.task_check import check_task as check_task  # where the node (and the server) import it from
 from polar_cli.harnesses.run import context_for, failure_report, run_harness, tail
+from polar_cli.interfaces.builder import BuildContext
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.harness import Harness
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
-from polar_cli.models import Completion, TaskRequest
-from polar_cli.proxy.render import demo_tokenizer_dir
+from polar_cli.models import Completion, TaskRequest, Trajectory, TrajectoryStatus
 from polar_cli.proxy.state import ProxyState
-from polar_cli.registry import get_builder, get_evaluator, get_harness
+from polar_cli.registry import get_evaluator, get_harness
 from polar_cli.runtimes import start_session
 
 FRESH_SUFFIX = "-eval"  # the refresh runtime's session id: <session>-eval
-
-
-def check_task(task: TaskRequest) -> None:
-    """Fail fast (before any session exists) on unknown components or a bad evaluator config."""
-    get_harness(task.agent.harness)
-    get_builder(task.builder.strategy)
-    get_evaluator(task.evaluator.strategy).check_config(task.evaluator.config)
 
 
 def _task(job: SessionJob) -> TaskRequest:
@@ -68,6 +64,7 @@ class GatewaySessionDriver:
         self.scratch_root = scratch_root
         self.base_dir = base_dir
         """Where relative ``upload`` sources of prepare actions are found (the task file's folder)."""
+        self.tokenizers = ModelTokenizerFinder(proxy)
 
     def _context(self, session_id: str, harness: Harness) -> RuntimeContext:
         return RuntimeContext(session_id, tools_dir=tools_dir_for(harness), scratch_root=self.scratch_root)
@@ -77,22 +74,25 @@ class GatewaySessionDriver:
         harness = get_harness(task.agent.harness)
         context = self._context(job.session_id, harness)
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
-        job.state["proxy"] = await self.proxy.create_session(job.session_id, metadata)
-        job.state["runtime"] = await start_session(task.runtime, context, base_dir=self.base_dir)
+        info = await self.proxy.create_session(job.session_id, metadata)
+        job.resources.proxy_key = info["api_key"]
+        job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
 
     async def run(self, job: SessionJob, deadline: float | None) -> RunOutcome:
         task = _task(job)
         harness = get_harness(task.agent.harness)
-        handle: RuntimeHandle = job.state["runtime"]
+        resources = job.resources
+        handle, api_key = resources.runtime, resources.proxy_key
+        if handle is None or api_key is None:
+            raise SessionError(f"session {job.session_id} reached RUNNING without its runtime and proxy session")
         if task.evaluator.refresh_runtime:
             fresh_context = self._context(job.session_id + FRESH_SUFFIX, harness)
-            job.state["fresh"] = asyncio.create_task(start_session(task.runtime, fresh_context, base_dir=self.base_dir))
-        info = job.state["proxy"]
+            resources.prewarm = asyncio.create_task(start_session(task.runtime, fresh_context, base_dir=self.base_dir))
         context = context_for(
             handle,
             instruction=task.instruction,
             model=task.agent.model_name or self.proxy.config.model or "polar",
-            api_key=info["api_key"],
+            api_key=api_key,
             base_urls=self.proxy.urls(job.session_id),
             config=task.agent.config,
         )
@@ -114,47 +114,52 @@ class GatewaySessionDriver:
 
     async def _close_proxy_session(self, job: SessionJob) -> None:
         """Snapshot the captured completions, then stop routing the session (idempotent)."""
-        if "completions" in job.state or "proxy" not in job.state:
+        resources = job.resources
+        if resources.captured is not None or resources.proxy_key is None:
             return
-        job.state["completions"] = self.proxy.get_completions(job.session_id)
+        resources.captured = self.proxy.get_completions(job.session_id)
         with contextlib.suppress(SessionError):
             await self.proxy.close_session(job.session_id)
 
-    def _builder_config(self, job: SessionJob, task: TaskRequest, status: str) -> dict[str, Any]:
-        config = dict(task.builder.config)
-        if config.get("eos_token_id") is None and config.get("tokenizer") is None:
-            proxy = self.proxy.config  # the tokenizer the proxy uses knows the end-of-turn token
-            tokenizer = proxy.tokenizer or (str(demo_tokenizer_dir()) if proxy.backend == "scripted" else None)
-            if tokenizer is not None:
-                config["tokenizer"] = tokenizer
-        metadata = {k: v for k, v in task.metadata.items() if k != "script"}  # the scripted backend's, not the task's
-        config.update(session_id=job.session_id, task_id=task.task_id, harness=task.agent.harness,
-                      task_metadata=metadata, status=status)  # fmt: skip
-        return config
-
-    async def build(self, job: SessionJob, outcome: RunOutcome) -> Built:
-        task = _task(job)
+    async def collect(self, job: SessionJob) -> list[Completion]:
         await self._close_proxy_session(job)
-        completions: list[Completion] = job.state.get("completions", [])
-        config = self._builder_config(job, task, outcome.status)
-        trajectory = await asyncio.to_thread(build_trajectory, task.builder.strategy, completions, **config)
-        return Built(trajectory, completions)
+        return list(job.resources.captured or [])
+
+    async def build_context(self, job: SessionJob, status: TrajectoryStatus) -> BuildContext:
+        task = _task(job)
+        tokenizer = await self.tokenizers.find()
+        return BuildContext(
+            session_id=job.session_id,
+            task_id=task.task_id,
+            harness=task.agent.harness,
+            task_metadata={k: v for k, v in task.metadata.items() if k != "script"},  # the scripted backend's
+            status=status,
+            tokenizer=tokenizer.name_or_path if tokenizer is not None else None,
+            tokenizer_source=tokenizer.source if tokenizer is not None else None,
+        )
+
+    async def build(self, job: SessionJob, outcome: RunOutcome, completions: list[Completion]) -> Trajectory:
+        task = _task(job)
+        context = await self.build_context(job, outcome.status)
+        return await asyncio.to_thread(
+            build_trajectory, task.builder.strategy, completions, context=context, **task.builder.config
+        )
 
     async def evaluate(
         self, job: SessionJob, outcome: RunOutcome, built: Built, deadline: float | None
     ) -> EvaluationResult:
         task = _task(job)
-        fresh: RuntimeHandle | None = None
-        if "fresh" in job.state:
-            fresh = await job.state["fresh"]  # prewarmed during RUNNING; the pipeline bounds this wait
+        resources = job.resources
+        if resources.prewarm is not None and resources.fresh is None:
+            resources.fresh = await resources.prewarm  # prewarmed during RUNNING; the pipeline bounds this wait
         context = EvaluationContext(
             session_id=job.session_id,
             status=outcome.status,
             completions=built.completions,
             trajectory=built.trajectory,
             config=task.evaluator.config,
-            runtime=job.state.get("runtime"),
-            fresh_runtime=fresh,
+            runtime=resources.runtime,
+            fresh_runtime=resources.fresh,
             deadline=deadline,
             task=task,
         )
@@ -162,30 +167,37 @@ class GatewaySessionDriver:
 
     async def teardown(self, job: SessionJob, *, immediate: bool) -> None:
         problems: list[str] = []
-        prewarm: asyncio.Task[RuntimeHandle] | None = job.state.pop("fresh", None)
+        resources = job.resources
+        prewarm, resources.prewarm = resources.prewarm, None
         if prewarm is not None:
             if not prewarm.done():
                 prewarm.cancel()  # start_session tears down whatever it had started
             try:
-                job.state["fresh_handle"] = await prewarm
+                resources.fresh = await prewarm
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # this teardown itself is being cancelled
             except PolarError as exc:
                 problems.append(f"fresh runtime: {exc}")
-        for key in ("fresh_handle", "runtime"):
-            handle: RuntimeHandle | None = job.state.get(key)
-            if handle is None:
-                continue
-            try:
-                await (handle.cancel() if immediate else handle.stop())
-                del job.state[key]  # kept until it is really gone, so an immediate retry tries again
-            except PolarError as exc:
-                problems.append(str(exc))
+        # each handle is kept until it is really gone, so an immediate retry tries again
+        if resources.fresh is not None and await _stopped(resources.fresh, immediate, problems):
+            resources.fresh = None
+        if resources.runtime is not None and await _stopped(resources.runtime, immediate, problems):
+            resources.runtime = None
         try:
             await self._close_proxy_session(job)
         except PolarError as exc:
             problems.append(f"proxy session: {exc}")
         if problems:
             raise RuntimeFailure("; ".join(problems))
+
+
+async def _stopped(handle: RuntimeHandle, immediate: bool, problems: list[str]) -> bool:
+    """Stop (or, ``immediate``, cancel) ``handle``; whether it is gone, else the problem is added to ``problems``."""
+    try:
+        await (handle.cancel() if immediate else handle.stop())
+    except PolarError as exc:
+        problems.append(str(exc))
+        return False
+    return True

@@ -87,15 +87,19 @@ class NpmHarness(Harness):
         """The CLI inside the runtime: in the mounted tools dir, else whatever PATH finds."""
         return posixpath.join(context.tools, "bin", self.binary) if context.tools else self.binary
 
-    def settings(self, context: HarnessContext) -> Mapping[str, Any]:
-        """The user's ``config.settings``, to merge over the adapter's own config file."""
-        unknown = sorted(set(context.config) - self.config_keys)
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """Only ``config_keys``; ``settings`` is a mapping (subclasses check their own keys, then call this)."""
+        unknown = sorted(set(config) - self.config_keys)
         if unknown:
             known = ", ".join(sorted(self.config_keys))
             raise ConfigError(f"harness {self.name!r}: unknown config {', '.join(unknown)} (known: {known})")
-        value = context.config.get("settings", {})
-        if not isinstance(value, Mapping):
+        if not isinstance(config.get("settings", {}), Mapping):
             raise ConfigError(f"harness {self.name!r}: config.settings must be a mapping")
+
+    def settings(self, context: HarnessContext) -> Mapping[str, Any]:
+        """The user's ``config.settings``, to merge over the adapter's own config file."""
+        self.check_config(context.config)
+        value: Mapping[str, Any] = context.config.get("settings", {})
         return value
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:

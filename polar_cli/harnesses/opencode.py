@@ -14,8 +14,10 @@ with a logged warning only. Config: ``settings`` (merged into opencode.json), ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from polar_cli.errors import ConfigError
 from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
@@ -40,6 +42,11 @@ class OpencodeHarness(NpmHarness):
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
     config_keys: ClassVar[frozenset[str]] = frozenset({"settings", "model_limits"})
+
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        super().check_config(config)
+        if not isinstance(config.get("model_limits") or {}, Mapping):
+            raise ConfigError("harness 'opencode': config.model_limits must be a mapping (e.g. {context: 32768})")
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         model_entry: dict[str, Any] = {"name": context.model}

@@ -11,6 +11,7 @@ into the provider entry of models.json, e.g. ``{"compat": {...}}``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from polar_cli.errors import ConfigError
@@ -31,10 +32,14 @@ class PiHarness(NpmHarness):
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
     config_keys: ClassVar[frozenset[str]] = frozenset({"settings", "api"})
 
-    def build(self, context: HarnessContext) -> HarnessLaunch:
-        api = str(context.config.get("api", "openai-completions"))
-        if api not in APIS:
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        super().check_config(config)
+        if config.get("api", "openai-completions") not in APIS:
             raise ConfigError(f"harness 'pi': config api must be one of {', '.join(APIS)}")
+
+    def build(self, context: HarnessContext) -> HarnessLaunch:
+        self.check_config(context.config)
+        api = str(context.config.get("api", "openai-completions"))
         provider: dict[str, Any] = {
             "baseUrl": context.base_url(APIS[api]),
             "api": api,

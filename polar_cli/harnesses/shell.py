@@ -71,21 +71,27 @@ class ShellHarness(Harness):
         except RuntimeFailure as exc:
             raise HarnessError(f"harness 'shell': {exc}") from exc
 
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        config: Mapping[str, Any] = context.config
+    def check_config(self, config: Mapping[str, Any]) -> None:
         unknown = sorted(set(config) - CONFIG_KEYS)
         if unknown:
             raise ConfigError(f"harness 'shell': unknown config {', '.join(unknown)} (known: command, files, shell)")
         command = config.get("command")
-        if isinstance(command, str) and command.strip():
-            argv = [str(config.get("shell", "bash")), "-c", command]
-        elif isinstance(command, list) and command and all(isinstance(part, str) for part in command):
-            argv = list(command)
-        else:
+        if not (isinstance(command, str) and command.strip()) and not (
+            isinstance(command, list) and command and all(isinstance(part, str) for part in command)
+        ):
             raise ConfigError("harness 'shell': config.command must be a non-empty string or list of strings")
+        if not isinstance(config.get("shell", "bash"), str):
+            raise ConfigError("harness 'shell': config.shell must be the name or path of a shell")
         files = config.get("files", {})
         if not isinstance(files, Mapping) or not all(isinstance(v, str) for v in files.values()):
             raise ConfigError("harness 'shell': config.files must map paths (relative to the home) to text")
+
+    def launch(self, context: HarnessContext) -> HarnessLaunch:
+        config: Mapping[str, Any] = context.config
+        self.check_config(config)
+        command = config["command"]
+        argv = [str(config.get("shell", "bash")), "-c", command] if isinstance(command, str) else list(command)
+        files = config.get("files", {})
         instruction_file = f"{context.home}/{INSTRUCTION_FILE}"
         env = {**gateway_env(context), "POLAR_INSTRUCTION_FILE": instruction_file}
         if len(context.instruction.encode()) <= ARG_LIMIT:

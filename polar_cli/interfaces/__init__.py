@@ -2,10 +2,20 @@
 
 from polar_cli.interfaces.backend import BackendClient, InferenceBackend
 from polar_cli.interfaces.base import Component
-from polar_cli.interfaces.builder import Builder
+from polar_cli.interfaces.builder import BuildContext, Builder
 from polar_cli.interfaces.dataset import Dataset
 from polar_cli.interfaces.evaluator import Evaluator
 from polar_cli.interfaces.harness import Harness
 from polar_cli.interfaces.runtime import Runtime
 
-__all__ = ["BackendClient", "Builder", "Component", "Dataset", "Evaluator", "Harness", "InferenceBackend", "Runtime"]
+__all__ = [
+    "BackendClient",
+    "BuildContext",
+    "Builder",
+    "Component",
+    "Dataset",
+    "Evaluator",
+    "Harness",
+    "InferenceBackend",
+    "Runtime",
+]

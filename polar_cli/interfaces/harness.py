@@ -120,6 +120,10 @@ class Harness(Component):
         """The host directory the runtime mounts read-only as the tools dir (its ``bin`` first on PATH), if any."""
         return None
 
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """Raise ConfigError naming the key when ``config`` (``AgentSpec.config``) is not one this adapter accepts.
+        Called when a task is submitted; the default accepts anything."""
+
     @abstractmethod
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         """Describe how to start the harness for one session (argv, env, files for its home, stdin)."""

@@ -201,6 +201,10 @@ class Runtime(Component):
 
     kind: ClassVar[str] = "runtime"
 
+    def check_spec(self, spec: RuntimeSpec) -> None:
+        """Raise ConfigError naming the field when ``spec`` (its ``config`` above all) is not one this runtime can
+        start. Called when a task is submitted, possibly on another machine: check the spec, not the host."""
+
     @abstractmethod
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> RuntimeHandle:
         """Start one session's isolated environment and return its handle (prepare actions are not run here)."""

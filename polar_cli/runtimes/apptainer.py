@@ -205,6 +205,9 @@ class ApptainerRuntime(Runtime):
     name: ClassVar[str] = "apptainer"
     description: ClassVar[str] = "one rootless Apptainer instance per session (needs the apptainer extra)"
 
+    def check_spec(self, spec: RuntimeSpec) -> None:
+        _check_spec(spec)
+
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> ApptainerHandle:
         config = _check_spec(spec)
         binary = find_binary(config.get("binary"))

@@ -299,18 +299,26 @@ def _check_spec(spec: RuntimeSpec) -> dict[str, Any]:
         raise ConfigError(f"runtime 'docker': unknown config {', '.join(unknown)} (known: {known})")
     if spec.config.get("pull", "missing") not in ("missing", "never", "always"):
         raise ConfigError("runtime 'docker': config pull must be missing, never or always")
+    return spec.config
+
+
+def _check_mounts(spec: RuntimeSpec) -> None:
+    """The host side of the spec, checked where the container starts."""
     for mount in spec.mounts:
         if not os.path.isabs(mount.source) or not os.path.exists(mount.source):
             raise ConfigError(f"runtime 'docker': mount source {mount.source!r} must be an existing absolute path")
-    return spec.config
 
 
 class DockerRuntime(Runtime):
     name: ClassVar[str] = "docker"
     description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
 
+    def check_spec(self, spec: RuntimeSpec) -> None:
+        _check_spec(spec)
+
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> DockerHandle:
         config = _check_spec(spec)
+        _check_mounts(spec)
         client = await asyncio.to_thread(docker_client)
         image = await self._image(client, str(spec.image), config.get("pull", "missing"))
         scratch = await asyncio.to_thread(Scratch.create, context.session_id, "docker", context.scratch_root)

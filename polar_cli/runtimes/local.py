@@ -200,6 +200,9 @@ class LocalRuntime(Runtime):
     name: ClassVar[str] = "local"
     description: ClassVar[str] = "host processes in a private session dir and home (mount-namespace isolated)"
 
+    def check_spec(self, spec: RuntimeSpec) -> None:
+        _check_spec(spec)
+
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> LocalHandle:
         isolation = _check_spec(spec)
         scratch = await asyncio.to_thread(Scratch.create, context.session_id, "local", context.scratch_root)

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
-from polar_cli.builders import build_trajectory, verify
+from polar_cli.builders import BuildContext, build_trajectory, verify
 from polar_cli.registry import get_builder
 from tests.builders.helpers import IM_END, completion, three_turn_session
 
 
 def test_one_trace_per_completion_with_its_own_tokens() -> None:
     comps = three_turn_session()
-    traj = build_trajectory("per_request", comps, task_id="t1", harness="pi", task_metadata={"group_id": "g"})
+    context = BuildContext(task_id="t1", harness="pi", task_metadata={"group_id": "g"})
+    traj = build_trajectory("per_request", comps, context=context)
     assert len(traj.traces) == 3 and traj.metadata["traces"] == 3
     for trace, c in zip(traj.traces, comps, strict=True):
         assert trace.prompt_ids == c.prompt_ids and trace.response_ids == c.response_ids

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from polar_cli.builders import build_trajectory, verify
+from polar_cli.builders import BuildContext, build_trajectory, verify
 from polar_cli.errors import BuildError, ConfigError
 from polar_cli.models import BuilderSpec, Trace
+from polar_cli.registry import get_builder
 from tests.builders.helpers import (
     GEN,
     IM_END,
@@ -23,7 +24,8 @@ from tests.conftest import shared_fixture
 
 def test_three_turn_session_merges_into_one_hand_checked_trace() -> None:
     comps = three_turn_session()
-    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, session_id="s1", task_id="t1")
+    context = BuildContext(session_id="s1", task_id="t1")
+    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, context=context)
     assert traj.metadata["chains"] == traj.metadata["traces"] == 1
     (trace,) = traj.traces
     assert trace.prompt_ids == comps[0].prompt_ids
@@ -62,8 +64,8 @@ def test_paper_appendix_trace_validates_and_our_trace_has_its_shape() -> None:
 
     follow = completion(1, [*paper.prompt_ids, 785, 10042, IM_END, NLNL, IM_START, USER, NL, 9707, IM_END, NL, *GEN],
                         [1, IM_END])
-    meta = {"session_id": "session-123", "task_id": "polar-swegym-0001", "harness": "codex"}
-    ours = build_trajectory("prefix_merging", [sampled, follow], eos_token_id=IM_END, **meta).traces[0]
+    context = BuildContext(session_id="session-123", task_id="polar-swegym-0001", harness="codex")
+    ours = build_trajectory("prefix_merging", [sampled, follow], eos_token_id=IM_END, context=context).traces[0]
     n = len(paper.response_ids)
     assert ours.response_ids[:n] == paper.response_ids and ours.loss_mask[:n] == paper.loss_mask
     assert ours.response_logprobs is not None and paper.response_logprobs is not None
@@ -123,9 +125,28 @@ def test_extension_without_end_of_turn_starts_a_chain() -> None:
     assert verify(traj, comps).ok
 
 
+def test_without_config_the_end_of_turn_id_is_read_from_the_completions() -> None:
+    comps = three_turn_session()  # each ends with <|im_end|> and finish reason stop
+    traj = build_trajectory("prefix_merging", comps)
+    assert traj.metadata["end_of_turn_ids"] == [IM_END] and traj.metadata["end_of_turn_source"] == "completions"
+    assert traj.traces[0].metadata["end_of_turn_source"] == "completions"
+    configured = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    assert [decode_spans(t) for t in traj.traces] == [decode_spans(t) for t in configured.traces]
+    assert verify(traj, comps).ok
+    # a truncated completion says nothing about the end-of-turn token and is left out
+    truncated = [*comps[:2], comps[2].model_copy(update={"response_ids": [330], "response_logprobs": [-1.0],
+                                                         "finish_reason": "length"})]  # fmt: skip
+    assert build_trajectory("prefix_merging", truncated).metadata["end_of_turn_ids"] == [IM_END]
+
+
 def test_missing_end_of_turn_id_says_how_to_pass_it() -> None:
-    with pytest.raises(BuildError, match=r"eos_token_id=.*tokenizer="):
-        build_trajectory("prefix_merging", three_turn_session())
+    only_truncated = [completion(0, [1, 2], [3, 4], finish="length")]
+    with pytest.raises(BuildError, match=r"no recorded completion ended with finish reason stop.*eos_token_id="):
+        build_trajectory("prefix_merging", only_truncated)
+    disagreeing = [completion(0, [1, 2], [3, IM_END]), completion(1, [1, 2, 3, IM_END, 5], [6, 7])]
+    with pytest.raises(BuildError, match=rf"end with different tokens: {IM_END} \(1x\), 7 \(1x\).*eos_token_id="):
+        build_trajectory("prefix_merging", disagreeing)
+    assert build_trajectory("prefix_merging", []).traces == []  # an empty session needs no end-of-turn id
 
 
 def test_retokenized_completions_are_refused_unless_allowed() -> None:
@@ -151,20 +172,28 @@ def test_completions_of_two_sessions_are_refused() -> None:
 def test_metadata_carries_session_task_and_task_metadata() -> None:
     comps = three_turn_session()
     task_metadata = {"group_id": "rollout-0-group-0", "policy_version": 3, "rollout_step": 12}
-    spec = BuilderSpec(strategy="prefix_merging", config={"eos_token_id": IM_END, "task_id": "t9",
-                                                          "harness": "codex", "task_metadata": task_metadata})
-    traj = build_trajectory(spec.strategy, comps, **spec.config)  # what the gateway does with a task's spec
+    context = BuildContext(task_id="t9", harness="codex", task_metadata=task_metadata)
+    spec = BuilderSpec(strategy="prefix_merging", config={"eos_token_id": IM_END})
+    traj = build_trajectory(spec.strategy, comps, context=context, **spec.config)  # what the gateway does
     assert traj.session_id == "s1"
     expected = {"session_id": "s1", "task_id": "t9", "builder": "prefix_merging", "harness": "codex", **task_metadata}
     assert expected.items() <= traj.traces[0].metadata.items()
-    # Without config, ids come from the completions' own metadata.
+    assert traj.traces[0].metadata["end_of_turn_source"] == "eos_token_id"
+    # Without a context, ids come from the completions' own metadata.
     tagged = [c.model_copy(update={"metadata": {"task_id": "t2", "task_metadata": {"group_id": "g"}}}) for c in comps]
     meta = build_trajectory("per_request", tagged).traces[0].metadata
     assert meta["task_id"] == "t2" and meta["group_id"] == "g" and meta["builder"] == "per_request"
 
 
+def test_session_fields_are_context_not_config() -> None:
+    for field in ("session_id", "task_id", "harness", "task_metadata", "status"):
+        with pytest.raises(ConfigError, match=rf"unknown field '{field}'"):
+            get_builder("prefix_merging").check_config({field: "x"})
+
+
 def test_empty_session_and_status() -> None:
-    traj = build_trajectory("prefix_merging", [], eos_token_id=IM_END, status="timeout", session_id="s")
+    context = BuildContext(session_id="s", status="timeout")
+    traj = build_trajectory("prefix_merging", [], eos_token_id=IM_END, context=context)
     assert traj.traces == [] and traj.status == "timeout" and traj.metadata["chains"] == 0
 
 

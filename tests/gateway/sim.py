@@ -103,10 +103,12 @@ class SimDriver:
             self.on_run_end(job)
         return RunOutcome(self.run_status, stderr="sim stderr")  # type: ignore[arg-type]
 
-    async def build(self, job: SessionJob, outcome: RunOutcome) -> Built:
+    async def collect(self, job: SessionJob) -> list[Completion]:
+        return list(self.captured[job.session_id])
+
+    async def build(self, job: SessionJob, outcome: RunOutcome, completions: list[Completion]) -> Trajectory:
         await self._stage("build", job)
-        items = list(self.captured[job.session_id])
-        return Built(Trajectory(status=outcome.status, traces=[trace_of(c) for c in items]), items)
+        return Trajectory(status=outcome.status, traces=[trace_of(c) for c in completions])
 
     async def evaluate(
         self, job: SessionJob, outcome: RunOutcome, built: Built, deadline: float | None

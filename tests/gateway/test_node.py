@@ -87,8 +87,13 @@ def gone(pid: int) -> bool:
 
 def test_completed_timeout_crash_and_cancel_in_one_gateway(tmp_path: Path) -> None:
     pid_file = tmp_path / "agent.pid"
+    not_a_tokenizer = tmp_path / "not-a-tokenizer"
+    not_a_tokenizer.mkdir()
+    bad_builder = {"strategy": "prefix_merging", "config": {"tokenizer": str(not_a_tokenizer)}}
     tasks = {
         "ok": task("ok", {}),
+        # the build fails after the agent ran: the captured calls still count, and the error names the build
+        "badbuild": task("badbuild", {}, builder=bad_builder),
         "hang": task("hang", {"HANG": "1"}, timeout_seconds=2),  # stops answering after two model calls
         "crash": task("crash", {"CALLS": "1", "CRASH": "boom"}),
         "cancel": task("cancel", {"CALLS": "1", "HANG": "1", "PID_FILE": str(pid_file)}),
@@ -113,6 +118,10 @@ def test_completed_timeout_crash_and_cancel_in_one_gateway(tmp_path: Path) -> No
 
     results = asyncio.run(body())
     ok, hang, crash, cancel = (results[k] for k in ("ok", "hang", "crash", "cancel"))
+    badbuild = results["badbuild"]
+    assert (badbuild.status, badbuild.num_completions, badbuild.trajectory.traces) == ("error", 2, [])
+    assert (badbuild.error or "").startswith("build failed: builder 'prefix_merging': cannot load tokenizer")
+    assert badbuild.metadata["run_status"] == "completed"
     assert (ok.status, ok.reward, ok.num_completions, len(ok.trajectory.traces)) == ("completed", 1.0, 2, 2)
     assert ok.trajectory.traces[0].metadata["group_id"] == "ok" and ok.trajectory.traces[0].reward == 1.0
     assert (hang.status, hang.num_completions, len(hang.trajectory.traces)) == ("timeout", 2, 2)

@@ -254,16 +254,16 @@ def test_closing_the_pipeline_cancels_what_is_in_flight() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stage", "message", "traces", "reward"),
+    ("stage", "message", "traces", "reward", "completions"),
     [
-        ("init", "init failed: runtime would not start", 0, None),
-        ("run", "run failed: ValueError: boom", 1, 0.0),
-        ("build", "build failed: ValueError: boom", 0, None),
-        ("evaluate", "evaluation failed: ValueError: boom", 1, None),
+        ("init", "init failed: runtime would not start", 0, None, 0),
+        ("run", "run failed: ValueError: boom", 1, 0.0, 1),
+        ("build", "build failed: ValueError: boom", 0, None, 1),  # the build failed; the captured calls still count
+        ("evaluate", "evaluation failed: ValueError: boom", 1, None, 1),
     ],
 )
 def test_a_crash_in_a_stage_ends_error_with_teardown_and_a_result(
-    stage: str, message: str, traces: int, reward: float | None, tmp_path: Path
+    stage: str, message: str, traces: int, reward: float | None, completions: int, tmp_path: Path
 ) -> None:
     exc: Exception = RuntimeFailure("runtime would not start") if stage == "init" else ValueError("boom")
     driver = SimDriver(fail={stage: exc})
@@ -279,6 +279,7 @@ def test_a_crash_in_a_stage_ends_error_with_teardown_and_a_result(
     assert result.status == "error"
     assert result.error == message
     assert len(result.trajectory.traces) == traces and result.reward == reward
+    assert result.num_completions == completions
     assert store.read("x").error == message
     assert ("x", stage in ("init",)) in driver.teardowns  # immediate after a failed init, graceful otherwise
     assert driver.live == set()
