@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from polar_cli.commands.serve import build_config
 from polar_cli.models import SessionResult, TaskStatus
 from tests.server.procs import (
     REPO,
@@ -55,6 +57,7 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
                          gateway(tmp_path, "gw-b", info, config, "token-b")])  # fmt: skip
         nodes = [await g.ready() for g in gateways]
         spec = waiting_task("six", 6, callback_url=receiver.url)
+        submitted_at = time.monotonic()
         async with client(info) as http:
             submitted = (await http.post("/rollout/task/submit", json=spec)).json()
             assert submitted == {"task_id": "six", "status": "pending"}
@@ -71,6 +74,7 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
             overview = (await http.get("/rollout/status")).json()
         assert overview["tasks"] == {"completed": 1} and overview["pending_sessions"] == 0
         assert overview["pending_callbacks"] == 7  # the receiver is down: 6 results + the final status wait
+        await asyncio.sleep(max(0.0, submitted_at + 10 - time.monotonic()))  # down for the first 10 seconds at least
         await receiver.start()
         try:
             await until_true(lambda: asyncio.sleep(0, len(receiver.by_key) == 7), "every callback")
@@ -237,6 +241,8 @@ def test_polar_serve_alone_runs_server_and_gateway_in_one_process(tmp_path: Path
 
 
 def test_a_bad_topology_file_names_the_field_and_the_file(tmp_path: Path) -> None:
+    example = build_config(REPO / "configs" / "serve.yaml", None, {"port": 0})
+    assert (example.role, example.server.port, example.gateway.proxy.backend) == ("all", 0, "scripted")
     bad = tmp_path / "serve.yaml"
     bad.write_text("role: server\nserver:\n  heartbeat_interval: 1\n")
     run = subprocess.run([sys.executable, "-m", "polar_cli", "serve", "--config", str(bad)], capture_output=True,
