@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from polar_cli.errors import AuthError, ConfigError, PolarError, SessionError
+from polar_cli.gateway.node import session_id_for
 from polar_cli.gateway.session_driver import check_task
 from polar_cli.http import bearer_matches, new_token
 from polar_cli.models import SessionResult, TaskRequest, TaskStatus
@@ -52,8 +53,6 @@ TERMINAL = ("completed", "failed", "cancelled")
 
 
 def session_ids_for(task: TaskRequest) -> list[str]:
-    from polar_cli.gateway.node import session_id_for
-
     return [session_id_for(task.task_id, i) for i in range(task.num_samples)]
 
 
@@ -309,10 +308,12 @@ class RolloutServer:
                 log.exception("dispatch failed")
 
     def _dispatch_pending(self) -> None:
+        """Choose a node for each pending session (until none can take more), record them all, then send them."""
         pending = self.store.sessions(states=("pending",), limit=512)
         if not pending:
             return
         loads = {n.node_id: n for n in self._loads()}
+        chosen: list[tuple[SessionRow, str]] = []
         for row in pending:
             node = choose_node(
                 loads.values(),
@@ -321,16 +322,20 @@ class RolloutServer:
                 avoid=row.node_id,
             )
             if node is None:
-                return
-            attempt = self.store.dispatch(row.session_id, node.node_id)
-            if attempt is None:
-                continue
+                break
             node.assigned += 1
             node.reserved += 1
-            live = self._live.get(node.node_id)
+            chosen.append((row, node.node_id))
+        attempts = self.store.dispatch_many([(row.session_id, node_id) for row, node_id in chosen])
+        for (row, node_id), attempt in zip(chosen, attempts, strict=True):
+            if attempt is None:
+                continue
+            live = self._live.get(node_id)
             if live is not None:
                 live.reserved += 1
-            self._spawn(self._send(row, node.node_id, attempt))
+            self._spawn(self._send(row, node_id, attempt))
+        if len(pending) == 512 and len(chosen) == len(pending):
+            self._dispatch_wake.set()  # more may be waiting
 
     async def _send(self, row: SessionRow, node_id: str, attempt: int) -> None:
         """POST the session to its gateway; a call that fails undoes the dispatch (the node is marked unreachable

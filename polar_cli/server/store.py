@@ -107,6 +107,7 @@ class SessionStore(Protocol):
     ) -> list[SessionRow]: ...
     def assigned_counts(self) -> dict[str, int]: ...
     def dispatch(self, session_id: str, node_id: str) -> int | None: ...
+    def dispatch_many(self, assignments: list[tuple[str, str]]) -> list[int | None]: ...
     def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
     def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
     def finish(self, session_id: str, result: SessionResult) -> Finished: ...
@@ -309,19 +310,26 @@ class SQLiteStore:
 
     def dispatch(self, session_id: str, node_id: str) -> int | None:
         """pending → dispatched to ``node_id`` as a new attempt; its number, or None if it was not pending."""
+        return self.dispatch_many([(session_id, node_id)])[0]
+
+    def dispatch_many(self, assignments: list[tuple[str, str]]) -> list[int | None]:
+        """:meth:`dispatch` for many ``(session_id, node_id)`` pairs in one transaction."""
         now = time.time()
+        attempts: list[int | None] = []
+        tasks: set[str] = set()
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE sessions SET state = 'dispatched', attempt = attempt + 1, node_id = ?, "
-                "updated_at = ? WHERE session_id = ? AND state = 'pending'",
-                (node_id, now, session_id),
-            )
-            if cur.rowcount != 1:
-                return None
-            task_id = db.execute("SELECT task_id FROM sessions WHERE session_id = ?", (session_id,)).fetchone()[0]
-            self._refresh_task(db, task_id, now)
-            attempt: int = db.execute("SELECT attempt FROM sessions WHERE session_id = ?", (session_id,)).fetchone()[0]
-        return attempt
+            for session_id, node_id in assignments:
+                row = db.execute(
+                    "UPDATE sessions SET state = 'dispatched', attempt = attempt + 1, node_id = ?, updated_at = ? "
+                    "WHERE session_id = ? AND state = 'pending' RETURNING task_id, attempt",
+                    (node_id, now, session_id),
+                ).fetchone()
+                attempts.append(None if row is None else int(row["attempt"]))
+                if row is not None:
+                    tasks.add(row["task_id"])
+            for task_id in tasks:
+                self._refresh_task(db, task_id, now)
+        return attempts
 
     def undo_dispatch(self, session_id: str, attempt: int) -> None:
         """A dispatch that never reached its gateway: back to pending, the attempt not counted."""

@@ -129,6 +129,10 @@ async def check_tokens(info: dict[str, Any], nodes: list[dict[str, Any]]) -> Non
         ]
         assert all(n["load"]["running"] != 9 for n in after["nodes"])
         assert (await anon.get("/healthz")).json() == {"ok": True}
+        drained = await http.delete(f"/nodes/{a['node_id']}")
+        assert drained.json() == {"node_id": a["node_id"], "draining": True}
+        nodes = {n["node_id"]: n for n in (await http.get("/rollout/status")).json()["nodes"]}
+        assert nodes[a["node_id"]]["draining"] and not nodes[b["node_id"]]["draining"]
 
 
 def test_sessions_of_a_killed_gateway_are_dispatched_again_elsewhere(tmp_path: Path) -> None:
