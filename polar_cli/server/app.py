@@ -41,7 +41,7 @@ def create_app(server: RolloutServer) -> web.Application:
         return _json(await server.cancel(request.match_info["task_id"]))
 
     async def status(request: web.Request) -> web.Response:
-        return _json(server.overview())
+        return _json(await server.service_status())
 
     async def register(request: web.Request) -> web.Response:
         source = "POST /nodes/register"

@@ -17,6 +17,7 @@ import httpx
 
 from polar_cli.server.config import Backoff
 from polar_cli.server.store import Callback, SessionStore
+from polar_cli.server.store_threads import StoreThreads
 
 log = logging.getLogger(__name__)
 BATCH = 32
@@ -40,10 +41,11 @@ def callback_payload(store: SessionStore, callback: Callback) -> dict[str, Any]:
 class CallbackSender:
     """Delivers due outbox entries; :meth:`wake` after queueing new ones."""
 
-    def __init__(self, store: SessionStore, backoff: Backoff, client: httpx.AsyncClient) -> None:
+    def __init__(self, store: SessionStore, backoff: Backoff, client: httpx.AsyncClient, threads: StoreThreads) -> None:
         self.store = store
         self.backoff = backoff
         self.client = client
+        self.threads = threads
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -52,27 +54,27 @@ class CallbackSender:
     async def run(self) -> None:
         while True:
             self._wake.clear()
-            due = self.store.due_callbacks(time.time(), BATCH)
+            due = await self.threads.read(self.store.due_callbacks, time.time(), BATCH)
             if due:
                 await asyncio.gather(*(self._deliver(cb) for cb in due))
                 continue
-            upcoming = self.store.next_callback_at()
+            upcoming = await self.threads.read(self.store.next_callback_at)
             timeout = None if upcoming is None else max(0.01, upcoming - time.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _deliver(self, callback: Callback) -> None:
         try:
-            payload = callback_payload(self.store, callback)
+            payload = await self.threads.read(callback_payload, self.store, callback)
             response = await self.client.post(
                 callback.url, json=payload, timeout=self.backoff.timeout_s, headers={"Idempotency-Key": callback.key}
             )
             if response.is_success:
-                self.store.callback_delivered(callback.id)
+                await self.threads.write(self.store.callback_delivered, callback.id)
                 return
             error = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         delay = self.backoff.delay(callback.attempts + 1)
         log.info("callback %s to %s failed (%s); retrying in %.1f s", callback.key, callback.url, error, delay)
-        self.store.callback_failed(callback.id, time.time() + delay, error)
+        await self.threads.write(self.store.callback_failed, callback.id, time.time() + delay, error)

@@ -69,6 +69,11 @@ class ServeConfig(StrictModel):
     """``polar serve --config serve.yaml``: the role and the settings of each part (command-line flags win)."""
 
     role: Role = "all"
+    drain_timeout_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="on a graceful stop, how long the gateway waits for sessions under way before cancelling them",
+    )
     server: ServerConfig = Field(default_factory=ServerConfig)
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
     agent: AgentConfig = Field(default_factory=AgentConfig)

@@ -6,6 +6,10 @@
 - ``gateway``: one gateway node that registers with ``agent.server_url``.
 
 Where each listens (and the tokens) goes to ``<data_dir>/serve.json`` (mode 0600) as well as to ``on_ready``.
+
+A stop (the task cancelled: SIGTERM, Ctrl-C) cancels the gateway's sessions under way; with ``drain_timeout_s`` it
+first drains: no new sessions, up to that long for the ones under way to finish and be reported (a second stop
+ends the wait).
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ async def serve(config: ServeConfig, on_ready: Callable[[ServeInfo], None] | Non
     """Run the configured roles until cancelled; everything started is stopped in reverse order."""
     info = ServeInfo(role=config.role, pid=os.getpid())
     agent_config = config.agent
+    server: RolloutServer | None = None
+    agent: GatewayAgent | None = None
     async with contextlib.AsyncExitStack() as stack:
         if config.role in ("all", "server"):
             server = await stack.enter_async_context(RolloutServer(config.server))
@@ -107,4 +113,15 @@ async def serve(config: ServeConfig, on_ready: Callable[[ServeInfo], None] | Non
         _write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))
         if on_ready is not None:
             on_ready(info)
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if agent is None or config.drain_timeout_s <= 0:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()  # this stop is handled by draining; another one cancels the drain
+            if server is not None:
+                server.stop_dispatching()
+            await agent.drain(config.drain_timeout_s)
+            raise

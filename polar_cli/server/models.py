@@ -51,6 +51,7 @@ class HeartbeatBody(StrictModel):
 
     load: NodeLoadReport = Field(default_factory=NodeLoadReport)
     sessions: list[SessionId] = Field(default_factory=list, description="sessions the node holds, unfinished")
+    draining: bool = Field(default=False, description="the node is stopping: send it nothing new")
 
 
 class HeartbeatAnswer(StrictModel):

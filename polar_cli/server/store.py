@@ -1,9 +1,12 @@
 """The rollout server's durable state behind a small interface, with a SQLite (WAL) implementation.
 
-Tasks, their sessions (``pending → dispatched → running → finished``, or ``cancelled``; each dispatch an attempt),
-the nodes that registered, and the outbox of trainer callbacks. Every state change is one transaction, so a crash at
-any point leaves a consistent database: :meth:`SessionStore.finish` commits a result (and its callbacks) before it
-returns, and a session finishes exactly once.
+Tasks, their sessions (``pending → dispatched → running → finished``, or ``cancelled``; each dispatch an attempt,
+and each attempt's node is kept), the nodes that registered, and the outbox of trainer callbacks. Every state change
+is one transaction, so a crash at any point leaves a consistent database: :meth:`SessionStore.report` commits a
+result (and its callbacks) before it returns, and a session finishes exactly once.
+
+The methods block; the server calls them from its store threads (``polar_cli.server.store_threads``), never from its
+event loop. Each thread gets its own connection (WAL: readers never wait for the writer).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +85,31 @@ class Finished:
     task_ended: bool = False
 
 
+Verdict = Literal["accepted", "requeued", "duplicate", "refused"]
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What :meth:`SessionStore.report` did with a node's result.
+
+    ``accepted``: the session's one result (``task_ended`` when it was the last); ``requeued``: a ``cancelled``
+    result of the latest attempt, so the session runs again (or, attempts used up, ``accepted`` as an error);
+    ``duplicate``: that node did hold that attempt, but the session has ended or moved on: ignored; ``refused``:
+    that attempt of the session was never sent to that node: nothing changed.
+    """
+
+    verdict: Verdict
+    task_ended: bool = False
+
+
+@dataclass(frozen=True)
+class HeldCheck:
+    """A heartbeat compared with the database: sessions the node should drop, sessions it should hold but does not."""
+
+    cancel: list[str]
+    missing: list[SessionRow]
+
+
 @dataclass(frozen=True)
 class Callback:
     """One outbox entry: a trainer callback still to deliver."""
@@ -95,22 +124,28 @@ class Callback:
 
 
 class SessionStore(Protocol):
-    """What the server keeps. Implementations are used from one thread (the server's event loop)."""
+    """What the server keeps. Writes come from one thread; reads may come from others at the same time."""
 
     def submit(self, task: TaskRequest, session_ids: list[str]) -> Submitted: ...
     def task(self, task_id: str) -> TaskRequest: ...
     def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
+    def task_state(self, task_id: str) -> TaskState: ...
     def task_counts(self) -> dict[str, int]: ...
     def session(self, session_id: str) -> SessionRow: ...
     def sessions(
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
     ) -> list[SessionRow]: ...
+    def count_sessions(self, state: SessionState) -> int: ...
     def assigned_counts(self) -> dict[str, int]: ...
     def dispatch(self, session_id: str, node_id: str) -> int | None: ...
     def dispatch_many(self, assignments: list[tuple[str, str]]) -> list[int | None]: ...
     def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
     def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
+    def check_held(self, node_id: str, held: list[str]) -> HeldCheck: ...
     def finish(self, session_id: str, result: SessionResult) -> Finished: ...
+    def report(
+        self, session_id: str, node_id: str, attempt: int, result: SessionResult, max_attempts: int
+    ) -> Reported: ...
     def requeue(self, session_id: str, attempt: int, reason: str, max_attempts: int) -> Finished | None: ...
     def cancel_task(self, task_id: str) -> list[SessionRow]: ...
     def result(self, session_id: str) -> SessionResult | None: ...
@@ -146,6 +181,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at REAL, last_error TEXT);
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, dispatched_at REAL NOT NULL,
+    PRIMARY KEY (session_id, attempt));
 """
 
 
@@ -155,15 +193,41 @@ class SQLiteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
 
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection (opened on first use)."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=10000")
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several queries see one state."""
+        self._db.execute("BEGIN")
+        try:
+            yield self._db
+        finally:
+            self._db.execute("COMMIT")
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -204,16 +268,24 @@ class SQLiteStore:
             raise SessionError(f"unknown task {task_id!r}")
         return TaskRequest.model_validate_json(row["body"])
 
-    def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus:
-        task = self._db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-        if task is None:
+    def task_state(self, task_id: str) -> TaskState:
+        row = self._db.execute("SELECT state FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
             raise SessionError(f"unknown task {task_id!r}")
-        columns = "session_id, state, result" if with_results else "session_id, state, NULL AS result"
-        rows = self._db.execute(
-            f"SELECT {columns} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
-        ).fetchall()
+        state: TaskState = row["state"]
+        return state
+
+    def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus:
+        with self._snapshot() as db:
+            task = db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+            if task is None:
+                raise SessionError(f"unknown task {task_id!r}")
+            columns = "session_id, state, result" if with_results else "session_id, state, NULL AS result"
+            rows = db.execute(
+                f"SELECT {columns} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
+            ).fetchall()
+            completed, failed = self._outcomes(task_id)
         results = [SessionResult.model_validate_json(r["result"]) for r in rows if r["result"] is not None]
-        completed, failed = self._outcomes(task_id)
         return TaskStatus(
             task_id=task_id,
             state=task["state"],
@@ -302,6 +374,9 @@ class SQLiteStore:
             sql += f" LIMIT {int(limit)}"
         return [self._row(r) for r in self._db.execute(sql, args)]
 
+    def count_sessions(self, state: SessionState) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM sessions WHERE state = ?", (state,)).fetchone()[0])
+
     def assigned_counts(self) -> dict[str, int]:
         rows = self._db.execute(
             "SELECT node_id, COUNT(*) AS n FROM sessions WHERE state IN ('dispatched', 'running') GROUP BY node_id"
@@ -327,6 +402,10 @@ class SQLiteStore:
                 attempts.append(None if row is None else int(row["attempt"]))
                 if row is not None:
                     tasks.add(row["task_id"])
+                    db.execute(
+                        "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?)",
+                        (session_id, row["attempt"], node_id, now),
+                    )
             for task_id in tasks:
                 self._refresh_task(db, task_id, now)
         return attempts
@@ -334,11 +413,13 @@ class SQLiteStore:
     def undo_dispatch(self, session_id: str, attempt: int) -> None:
         """A dispatch that never reached its gateway: back to pending, the attempt not counted."""
         with self._tx() as db:
-            db.execute(
+            undone = db.execute(
                 "UPDATE sessions SET state = 'pending', attempt = attempt - 1, node_id = NULL, updated_at = ? "
                 "WHERE session_id = ? AND state = 'dispatched' AND attempt = ?",
                 (time.time(), session_id, attempt),
-            )
+            ).rowcount
+            if undone:
+                db.execute("DELETE FROM attempts WHERE session_id = ? AND attempt = ?", (session_id, attempt))
 
     def mark_running(self, node_id: str, session_ids: list[str]) -> None:
         if not session_ids:
@@ -351,24 +432,75 @@ class SQLiteStore:
                 (time.time(), node_id, *session_ids),
             )
 
+    def check_held(self, node_id: str, held: list[str]) -> HeldCheck:
+        """A heartbeat's ``held`` sessions against the database: ``cancel`` lists the ones the node should not run
+        (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold."""
+        listed = orjson.dumps(held).decode()
+        with self._snapshot() as db:
+            cancel = [
+                r[0]
+                for r in db.execute(
+                    "SELECT h.value FROM json_each(?) AS h LEFT JOIN sessions AS s ON s.session_id = h.value "
+                    "WHERE s.session_id IS NULL OR s.state NOT IN ('dispatched', 'running') OR s.node_id IS NOT ?",
+                    (listed, node_id),
+                )
+            ]
+            missing = [
+                self._row(r)
+                for r in db.execute(
+                    "SELECT * FROM sessions WHERE state IN ('dispatched', 'running') AND node_id = ? "
+                    "AND session_id NOT IN (SELECT value FROM json_each(?)) ORDER BY rowid",
+                    (node_id, listed),
+                )
+            ]
+        return HeldCheck(cancel, missing)
+
     def finish(self, session_id: str, result: SessionResult) -> Finished:
         """Commit ``result`` as the session's one result; ``accepted=False`` if it had finished (or was cancelled)."""
-        now = time.time()
-        body = result.model_dump_json()
         with self._tx() as db:
-            row = db.execute("SELECT task_id, state FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            row = db.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
             if row is None:
                 raise SessionError(f"unknown session {session_id!r}")
-            if row["state"] not in UNFINISHED:
-                return Finished(accepted=False)
-            db.execute(
-                "UPDATE sessions SET state = 'finished', result = ?, updated_at = ? WHERE session_id = ?",
-                (body, now, session_id),
-            )
-            url = db.execute("SELECT callback_url FROM tasks WHERE task_id = ?", (row["task_id"],)).fetchone()[0]
-            self._queue_callback(db, url, "session_result", row["task_id"], session_id, now)
-            ended = self._refresh_task(db, row["task_id"], now)
-        return Finished(accepted=True, task_ended=ended)
+            return self._finish(db, row, result)
+
+    def _finish(self, db: sqlite3.Connection, row: sqlite3.Row, result: SessionResult) -> Finished:
+        if row["state"] not in UNFINISHED:
+            return Finished(accepted=False)
+        now = time.time()
+        session_id, task_id = row["session_id"], row["task_id"]
+        db.execute(
+            "UPDATE sessions SET state = 'finished', result = ?, updated_at = ? WHERE session_id = ?",
+            (result.model_dump_json(), now, session_id),
+        )
+        url = db.execute("SELECT callback_url FROM tasks WHERE task_id = ?", (task_id,)).fetchone()[0]
+        self._queue_callback(db, url, "session_result", task_id, session_id, now)
+        return Finished(accepted=True, task_ended=self._refresh_task(db, task_id, now))
+
+    def report(self, session_id: str, node_id: str, attempt: int, result: SessionResult, max_attempts: int) -> Reported:
+        """``node_id``'s result for ``attempt`` of the session, judged and applied in one transaction (see
+        :class:`Reported`). Only the latest attempt counts: an older one's result is a duplicate."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise SessionError(f"unknown session {session_id!r}")
+            held = db.execute(
+                "SELECT node_id FROM attempts WHERE session_id = ? AND attempt = ?", (session_id, attempt)
+            ).fetchone()
+            holder = held[0] if held is not None else row["node_id"] if attempt == row["attempt"] else None
+            if holder != node_id:
+                return Reported("refused")
+            if row["state"] not in UNFINISHED or row["attempt"] != attempt:
+                return Reported("duplicate")
+            if result.status == "cancelled":  # the node gave up on it (shutting down, told to): not the end
+                if row["state"] not in ASSIGNED:
+                    return Reported("duplicate")  # already pending again
+                reason = f"node {node_id} cancelled it: {result.error or 'no reason given'}"
+                requeued = self._requeue(db, row, reason, max_attempts)
+                if requeued is not None and requeued.accepted:
+                    return Reported("accepted", requeued.task_ended)
+                return Reported("requeued")
+            finished = self._finish(db, row, result)
+            return Reported("accepted", finished.task_ended)
 
     def requeue(self, session_id: str, attempt: int, reason: str, max_attempts: int) -> Finished | None:
         """Attempt ``attempt`` was lost: pending again, or (attempts used up) finished with status error.
@@ -376,16 +508,21 @@ class SQLiteStore:
         None when the session had moved on (finished, or another attempt runs)."""
         with self._tx() as db:
             r = db.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-            if r is None or r["state"] not in ASSIGNED or r["attempt"] != attempt:
+            if r is None or r["attempt"] != attempt:
                 return None
-            if attempt < max_attempts:
-                db.execute(
-                    "UPDATE sessions SET state = 'pending', updated_at = ? WHERE session_id = ?",
-                    (time.time(), session_id),
-                )
-                return Finished(accepted=False)
-        error = f"{reason} (attempt {attempt} of {max_attempts}; no attempts left)"
-        return self.finish(session_id, failed_result(r["task_id"], session_id, r["sample_index"], "error", error))
+            return self._requeue(db, r, reason, max_attempts)
+
+    def _requeue(self, db: sqlite3.Connection, r: sqlite3.Row, reason: str, max_attempts: int) -> Finished | None:
+        if r["state"] not in ASSIGNED:
+            return None
+        if r["attempt"] < max_attempts:
+            db.execute(
+                "UPDATE sessions SET state = 'pending', updated_at = ? WHERE session_id = ?",
+                (time.time(), r["session_id"]),
+            )
+            return Finished(accepted=False)
+        error = f"{reason} (attempt {r['attempt']} of {max_attempts}; no attempts left)"
+        return self._finish(db, r, failed_result(r["task_id"], r["session_id"], r["sample_index"], "error", error))
 
     def cancel_task(self, task_id: str) -> list[SessionRow]:
         """Cancel every unfinished session of the task; the ones a gateway holds (to cancel there) are returned."""
