@@ -103,6 +103,12 @@ def serve_command(
     script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
     run_slots: int | None = typer.Option(None, "--run-slots", help="Harnesses running at once on the gateway."),
     heartbeat: float | None = typer.Option(None, "--heartbeat-interval", help="Seconds between gateway heartbeats."),
+    drain_timeout: float | None = typer.Option(
+        None,
+        "--drain-timeout",
+        help="On SIGTERM/Ctrl-C, take no new sessions and wait up to this many seconds for running ones "
+        "(default 0: cancel them at once). A second signal stops at once.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings."),
 ) -> None:
     """Run the rollout service: server, gateway, or both (default). Prints the URL and the token to use."""
@@ -125,6 +131,7 @@ def serve_command(
         "gateway.proxy.script": script,
         "gateway.pipeline.run_slots": run_slots,
         "server.heartbeat_interval_s": heartbeat,
+        "drain_timeout_s": drain_timeout,
     }
     config = build_config(config_file, role, flags)
     config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session

@@ -51,6 +51,7 @@ class GatewayAgent:
         self.node_id: str | None = config.node_id or self._saved().get("node_id")
         self.heartbeat_interval = 5.0
         self.registered = asyncio.Event()
+        self.draining = False
         self._unacked: dict[str, None] = {}  # insertion-ordered set
         self._wake = asyncio.Event()
         self._node: GatewayNode | None = None
@@ -178,26 +179,48 @@ class GatewayAgent:
         return {"run_slots": slots, "running": running, "queued": queued, "free_slots": max(0, slots - running)}
 
     async def _heartbeat_loop(self) -> None:
-        assert self._node is not None and self._client is not None
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            body = {"load": self._load(), "sessions": [job.session_id for job in self._node.pipeline.active()]}
-            try:
-                response = await self._client.post(
-                    f"{self.server_url}/nodes/{self.node_id}/heartbeat",
-                    json=body,
-                    headers=self._headers(self._node.config.control_token or ""),
-                )
-                if response.status_code == 401:
-                    await self._register()  # the server forgot this node (a new database)
-                    continue
-                response.raise_for_status()
-                answer = HeartbeatAnswer.model_validate(response.json())
-            except (httpx.HTTPError, ValueError) as exc:
-                log.info("heartbeat to %s failed: %s", self.server_url, exc)
-                continue
-            for session_id in answer.cancel:
-                self._spawn(self._cancel(session_id))
+            await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        assert self._node is not None and self._client is not None
+        body = {
+            "load": self._load(),
+            "sessions": [job.session_id for job in self._node.pipeline.active()],
+            "draining": self.draining,
+        }
+        try:
+            response = await self._client.post(
+                f"{self.server_url}/nodes/{self.node_id}/heartbeat",
+                json=body,
+                headers=self._headers(self._node.config.control_token or ""),
+            )
+            if response.status_code == 401:
+                await self._register()  # the server forgot this node (a new database)
+                return
+            response.raise_for_status()
+            answer = HeartbeatAnswer.model_validate(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("heartbeat to %s failed: %s", self.server_url, exc)
+            return
+        for session_id in answer.cancel:
+            self._spawn(self._cancel(session_id))
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop taking sessions (the node answers 503, the server hears it at once), then wait up to ``timeout``
+        seconds for the sessions under way to finish and their results to be acknowledged. True if they all were."""
+        assert self._node is not None
+        self._node.draining = self.draining = True
+        if self.registered.is_set():
+            await self._heartbeat()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._node.pipeline.active() or self._unacked:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            self._wake.set()
+            await asyncio.sleep(0.1)
+        return True
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -254,8 +277,8 @@ class GatewayAgent:
             return False
         if response.status_code == 401:
             raise _Unauthorized
-        if response.is_success or response.status_code in (400, 404):
-            if not response.is_success:  # the server will never take it (unknown session): do not retry forever
+        if response.is_success or response.status_code in (400, 403, 404):
+            if not response.is_success:  # the server will never take it (unknown, not ours): do not retry forever
                 log.warning("the server refused the result of %s: %s", session_id, response.text[:200])
             self._ack(session_id)
             return True

@@ -4,6 +4,7 @@ the scripted backend, ``kill -9`` for failures and a real callback receiver."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 
 from polar_cli.commands.serve import build_config
-from polar_cli.models import SessionResult, TaskStatus
+from polar_cli.models import SessionResult, TaskStatus, Trajectory
 from tests.server.procs import (
     REPO,
     Receiver,
@@ -120,6 +121,7 @@ async def check_tokens(info: dict[str, Any], nodes: list[dict[str, Any]]) -> Non
                     "result": forged.model_dump(mode="json")}  # fmt: skip
         assert (await anon.post("/callbacks/session_result", json=callback, headers=wrong)).status_code == 401
         assert (await anon.post("/callbacks/session_result", json=callback)).status_code == 401
+        await check_results_are_tied_to_attempts(info, a, b, status)
         assert (await anon.post(f"{a['gateway_url']}/sessions", json={"task": spec})).status_code == 401
         assert (await http.get("/rollout/task/intruder")).status_code == 404
         after = (await http.get("/rollout/status")).json()
@@ -133,6 +135,28 @@ async def check_tokens(info: dict[str, Any], nodes: list[dict[str, Any]]) -> Non
         assert drained.json() == {"node_id": a["node_id"], "draining": True}
         nodes = {n["node_id"]: n for n in (await http.get("/rollout/status")).json()["nodes"]}
         assert nodes[a["node_id"]]["draining"] and not nodes[b["node_id"]]["draining"]
+
+
+def report(node: dict[str, Any], result: SessionResult, attempt: int = 1) -> dict[str, Any]:
+    """What ``node`` would POST to /callbacks/session_result for ``result``, with its own token."""
+    body = {"node_id": node["node_id"], "session_id": result.session_id, "attempt": attempt,
+            "result": result.model_dump(mode="json")}  # fmt: skip
+    return {"json": body, "headers": {"Authorization": f"Bearer {node['node_token']}"}}
+
+
+async def check_results_are_tied_to_attempts(
+    info: dict[str, Any], a: dict[str, Any], b: dict[str, Any], status: TaskStatus
+) -> None:
+    """A node's valid token reports only what was sent to that node: another node's session is 403, its own
+    finished one a duplicate; neither changes anything."""
+    ran_on_a = next(r for r in status.results if r.metadata["node_id"] == a["node_id"])
+    forged = ran_on_a.model_copy(update={"status": "error", "error": "forged", "metadata": {}})
+    async with httpx.AsyncClient(base_url=info["url"], timeout=30) as anon:
+        refused = await anon.post("/callbacks/session_result", **report(b, forged))
+        assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"
+        assert (await anon.post("/callbacks/session_result", **report(a, forged, attempt=2))).status_code == 403
+        again = await anon.post("/callbacks/session_result", **report(a, forged))
+        assert again.json() == {"accepted": True, "duplicate": True}
 
 
 def test_sessions_of_a_killed_gateway_are_dispatched_again_elsewhere(tmp_path: Path) -> None:
@@ -154,6 +178,17 @@ def test_sessions_of_a_killed_gateway_are_dispatched_again_elsewhere(tmp_path: P
             return all(m["stages"]["running"]["in_flight"] == 3 for m in loads)
 
         await until_true(both_running, "three sessions running on each gateway")
+        async with client(info) as http, httpx.AsyncClient(timeout=30) as anon:
+            status = TaskStatus.model_validate((await http.get("/rollout/task/survivor")).json())
+            held = {"Authorization": f"Bearer {a['node_token']}"}
+            on_a = [s for s in status.sessions if (await anon.get(f"{a['gateway_url']}/sessions/{s}",
+                                                                   headers=held)).status_code == 200]  # fmt: skip
+            assert len(on_a) == 3
+            fake = SessionResult(session_id=on_a[0], task_id="survivor", status="completed",
+                                 trajectory=Trajectory(status="completed"))  # fmt: skip
+            refused = await http.post("/callbacks/session_result", **report(b, fake))  # b's token, a's session
+            assert refused.status_code == 403
+            assert (await http.get("/rollout/task/survivor")).json()["sessions"][on_a[0]] in ("dispatched", "running")
         gateways[0].kill9()
 
         async def moved() -> bool:
@@ -174,6 +209,90 @@ def test_sessions_of_a_killed_gateway_are_dispatched_again_elsewhere(tmp_path: P
     finally:
         marker.touch()
         for process in [*gateways, server]:
+            process.stop()
+
+
+def test_heartbeats_find_sessions_a_live_gateway_lost_or_could_not_report(tmp_path: Path) -> None:
+    config = serve_config(tmp_path, "serve")
+    marker = tmp_path / "go"
+    server = Serve(tmp_path / "server", "--role", "server", "--port", "0", "--config", str(config))
+    node: list[Serve] = []
+
+    async def body() -> None:
+        info = await server.ready()
+        (tmp_path / "gw").mkdir()
+        (tmp_path / "gw" / "results").write_text("a file: the gateway can store no result, so it reports none")
+        node.append(gateway(tmp_path, "gw", info, config, "token-gw"))
+        gw = await node[0].ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("lost", 2, marker))
+
+        async def two_running() -> bool:
+            metrics = await gateway_metrics(gw["gateway_url"], gw["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 2)
+
+        await until_true(two_running, "two sessions running")
+        async with client(info) as http, httpx.AsyncClient(timeout=30) as anon:
+            lost = sorted(TaskStatus.model_validate((await http.get("/rollout/task/lost")).json()).sessions)[0]
+            held = {"Authorization": f"Bearer {gw['node_token']}"}
+            cancelled = await anon.delete(f"{gw['gateway_url']}/sessions/{lost}", headers=held)  # the gateway drops it
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        marker.touch()
+        results = one_result_per_sample(await finished(info, "lost"), 2)
+        attempts = {r.session_id: r.metadata["polar_attempt"] for r in results}
+        assert attempts.pop(lost) == 2 and list(attempts.values()) == [1]  # dropped: run again; the other: found
+        assert all("persist_error" in r.metadata for r in results)  # neither came by callback
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        for process in [*node, server]:
+            process.stop()
+
+
+def test_a_draining_stop_lets_running_sessions_finish(tmp_path: Path) -> None:
+    marker = tmp_path / "go"
+    args = ("--port", "0", "--drain-timeout", "300", "--config", str(serve_config(tmp_path, "serve")))
+    runs = [Serve(tmp_path / "polar-data", *args)]
+
+    async def body() -> None:
+        info = await runs[0].ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("drained", 2, marker))
+
+        async def two_running() -> bool:
+            metrics = await gateway_metrics(info["gateway_url"], info["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 2)
+
+        await until_true(two_running, "two sessions running")
+        runs[0].proc.send_signal(signal.SIGTERM)
+
+        async def draining() -> bool:
+            async with client(info) as http:
+                return bool((await http.get("/rollout/status")).json()["nodes"][0]["draining"])
+
+        await until_true(draining, "the node draining")
+        async with client(info) as http, httpx.AsyncClient(timeout=30) as anon:
+            await http.post("/rollout/task/submit", json=waiting_task("later", 1))  # taken, not started
+            held = {"Authorization": f"Bearer {info['node_token']}"}
+            spec = {"task": waiting_task("direct", 1)}
+            assert (await anon.post(f"{info['gateway_url']}/sessions", json=spec, headers=held)).status_code == 503
+            assert (await http.get("/rollout/task/later")).json()["sessions"] != {}
+        marker.touch()
+        assert await asyncio.to_thread(runs[0].proc.wait, 120) == 0
+        runs.append(Serve(tmp_path / "polar-data", *args))
+        restarted = await runs[1].ready()
+        results = one_result_per_sample(await finished(restarted, "drained"), 2)
+        assert [r.metadata["polar_attempt"] for r in results] == [1, 1]  # finished while draining: not run again
+        later = one_result_per_sample(await finished(restarted, "later"), 1)
+        assert later[0].metadata["polar_attempt"] == 1  # never sent to the draining node
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        for process in runs:
             process.stop()
 
 
