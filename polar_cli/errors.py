@@ -19,6 +19,7 @@
     ├── SessionError                 a session is unknown, cancelled or in the wrong state
     │   └── SessionExistsError       a session (or task) id that is already taken
     └── AuthError                    a control call without the right token
+        └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
@@ -124,6 +125,12 @@ class AuthError(PolarError):
     """A control call without the right token."""
 
     http_status = 401
+
+
+class ForbiddenError(AuthError):
+    """A control call whose token is valid but not for what it asks (a node reporting another node's session)."""
+
+    http_status = 403
 
 
 def brief(value: Any, limit: int = 80) -> str:

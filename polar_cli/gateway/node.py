@@ -12,6 +12,8 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 | ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
 | ``GET /healthz`` | ``{ok}``, open |
 | ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
+
+While the node drains (a graceful stop), ``POST /sessions`` answers 503 and the sessions under way run to the end.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
-from polar_cli.http import ERROR_SHAPE, app_runner, guarded, json_errors, json_response, new_token, read_json
+from polar_cli.http import (
+    ERROR_SHAPE,
+    app_runner,
+    error_response,
+    guarded,
+    json_errors,
+    json_response,
+    new_token,
+    read_json,
+)
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
@@ -39,6 +50,7 @@ from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
+from polar_cli.server.models import ATTEMPT_KEY
 
 PROXY_PREFIX = "/proxy"
 
@@ -98,6 +110,8 @@ class GatewayNode:
         self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result)
         self.url: str | None = None
+        self.draining = False
+        """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
         self._runner: web.AppRunner | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
@@ -150,7 +164,18 @@ class GatewayNode:
 
     async def submit(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
         self.check(task)
+        if session_id is not None and self._is_new_attempt(session_id, task):
+            self.pipeline.forget(session_id)  # the rollout server runs a session that ended here once more
         return await self.pipeline.submit(self.job_for(task, sample_index, session_id))
+
+    def _is_new_attempt(self, session_id: str, task: TaskRequest) -> bool:
+        """The session ended here, and ``task`` carries a later attempt number (``polar_attempt``) than it did."""
+        try:
+            previous = self.pipeline.get(session_id)
+        except SessionError:
+            return False
+        before, now = previous.metadata.get(ATTEMPT_KEY), task.metadata.get(ATTEMPT_KEY)
+        return previous.result is not None and isinstance(before, int) and isinstance(now, int) and now > before
 
     async def submit_task(self, task: TaskRequest) -> list[SessionJob]:
         """All ``num_samples`` sessions of ``task``."""
@@ -194,6 +219,8 @@ class GatewayNode:
         return guarded(self.config.control_token, "the gateway's control routes", handler)
 
     async def _create(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return error_response(503, "the gateway is draining: it takes no new sessions")
         data = await read_json(request, source="POST /sessions")
         spec = validate_model(SessionCreate, data, source="POST /sessions")
         job = await self.submit(spec.task, spec.sample_index, spec.session_id)

@@ -162,6 +162,12 @@ class StagedPipeline:
             raise SessionError(f"unknown session {session_id!r}")
         return job
 
+    def forget(self, session_id: str) -> None:
+        """Drop a finished session from memory (its result stays in the store): its id may be submitted again."""
+        job = self._finished.get(session_id)
+        if job is not None and job.result is not None:
+            del self._finished[session_id]
+
     def active(self) -> list[SessionJob]:
         return list(self._active.values())
 

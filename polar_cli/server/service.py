@@ -1,0 +1,486 @@
+"""The rollout server's lifecycle: the store, the node registry, the dispatcher, liveness and reconciliation.
+
+The HTTP routes (``polar_cli.server.app``) call the methods here; nothing here knows about requests. Background work:
+
+- the dispatcher sends pending sessions to nodes (``choose_node``), recording each attempt *before* the call;
+- liveness: a node silent for ``dead_after_intervals`` heartbeats is dead and its unfinished sessions go back to
+  pending as a new attempt (or fail once ``max_attempts`` are used);
+- reconciliation, at start and on every heartbeat: a session the database says a gateway holds, that the gateway
+  does not list (and is not being sent to it right now), is looked up there (``GET /sessions/{id}``): a finished one
+  is committed, one the gateway does not know is dispatched again;
+- the trainer-callback sender (``polar_cli.server.callbacks``).
+
+Store calls run on the store threads (``polar_cli.server.store_threads``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
+from polar_cli.gateway.node import session_id_for
+from polar_cli.gateway.session_driver import check_task
+from polar_cli.http import bearer_matches, new_token
+from polar_cli.models import SessionResult, TaskRequest, TaskStatus
+from polar_cli.server.callbacks import CallbackSender
+from polar_cli.server.config import ServerConfig
+from polar_cli.server.models import (
+    ATTEMPT_KEY,
+    HeartbeatAnswer,
+    HeartbeatBody,
+    NodeStatus,
+    RegisterAnswer,
+    RegisterBody,
+    ServiceStatus,
+    SessionResultAnswer,
+    SessionResultBody,
+    SubmitAnswer,
+)
+from polar_cli.server.scheduler import NodeLoad, choose_node
+from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
+from polar_cli.server.store_threads import StoreThreads
+
+log = logging.getLogger(__name__)
+TOKEN_ENV = "POLAR_TOKEN"
+TERMINAL = ("completed", "failed", "cancelled")
+DISPATCH_BATCH = 512
+SENDS_IN_FLIGHT = 64
+"""Calls to gateways under way at once: more only queue inside the HTTP client's pool, whose bookkeeping grows with
+the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
+LOOKUPS_IN_FLIGHT = 16
+
+
+def session_ids_for(task: TaskRequest) -> list[str]:
+    return [session_id_for(task.task_id, i) for i in range(task.num_samples)]
+
+
+@dataclass
+class NodeLive:
+    """What the server knows of a node in memory: when it was last heard from and what it said."""
+
+    last_seen: float
+    last_heartbeat: float | None = None
+    dead: bool = False
+    unreachable: bool = False
+    running: int = 0
+    queued: int = 0
+    reserved: int = 0
+    draining: bool = False
+    """The node said so in its heartbeat (it is stopping); unlike ``DELETE /nodes/{id}`` this is not kept."""
+
+
+class RolloutServer:
+    """``async with RolloutServer(config) as server:`` runs the background work; ``create_app`` serves it."""
+
+    def __init__(self, config: ServerConfig, store: SessionStore | None = None) -> None:
+        self.config = config
+        self.store: SessionStore = store or SQLiteStore(config.db_path)
+        self.threads = StoreThreads()
+        self.token = self._resolve_token()
+        self.client = httpx.AsyncClient(timeout=config.dispatch_timeout_s)
+        self.callbacks = CallbackSender(self.store, config.callbacks, self.client, self.threads)
+        self._live: dict[str, NodeLive] = {}
+        self._nodes: dict[str, NodeRow] = {}
+        self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._dispatch_wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._sending: set[str] = set()
+        self._looking_up: set[str] = set()
+        self._send_limit = asyncio.Semaphore(SENDS_IN_FLIGHT)
+        self._lookup_limit = asyncio.Semaphore(LOOKUPS_IN_FLIGHT)
+        self._dispatching = True
+        self._loops: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _resolve_token(self) -> str:
+        """``config.token``, else ``$POLAR_TOKEN``, else the one generated on this data dir's first start."""
+        token = self.config.token or os.environ.get(TOKEN_ENV) or self.store.meta("token")
+        if not token:
+            token = new_token()
+            self.store.set_meta("token", token)
+        return token
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        now = time.monotonic()
+        for node in await self.threads.read(self.store.nodes):
+            self._nodes[node.node_id] = node
+            self._live[node.node_id] = NodeLive(last_seen=now)  # a grace period: a full dead-after span to heartbeat
+        self._loops = [
+            asyncio.create_task(self._dispatch_loop(), name="polar-dispatch"),
+            asyncio.create_task(self._liveness_loop(), name="polar-liveness"),
+            asyncio.create_task(self.callbacks.run(), name="polar-callbacks"),
+        ]
+        self._spawn(self._reconcile())
+
+    def stop_dispatching(self) -> None:
+        """No session is sent to any node from now on (a draining shutdown); everything else goes on."""
+        self._dispatching = False
+
+    async def close(self) -> None:
+        for task in [*self._loops, *self._background]:
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._background, return_exceptions=True)
+        self._loops.clear()
+        await self.client.aclose()
+        await asyncio.to_thread(self.threads.close)
+        self.store.close()
+
+    async def __aenter__(self) -> RolloutServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _notify(self) -> None:
+        """Something finished: wake long polls, the callback sender and the dispatcher."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+        self.callbacks.wake()
+        self._dispatch_wake.set()
+
+    # ---- tasks (trainer API) ------------------------------------------------------------------------------------
+
+    async def submit(self, task: TaskRequest) -> SubmitAnswer:
+        check_task(task)  # ConfigError / UnknownComponentError: 400 before anything is stored
+        submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
+        if submitted.created:
+            self._dispatch_wake.set()
+        return SubmitAnswer(task_id=submitted.task_id, status=submitted.state)
+
+    async def status(self, task_id: str, wait: float = 0.0) -> TaskStatus:
+        """The TaskStatus; with ``wait``, once the task has ended or ``wait`` seconds have passed."""
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            changed = self._changed  # taken before the read: a change after it still wakes this wait
+            state = await self.threads.read(self.store.task_state, task_id)
+            remaining = deadline - time.monotonic()
+            if state in TERMINAL or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        return await self.threads.read(self.store.task_status, task_id)
+
+    async def cancel(self, task_id: str) -> TaskStatus:
+        for row in await self.threads.write(self.store.cancel_task, task_id):
+            if row.node_id is not None:
+                self._spawn(self._cancel_on_node(row.node_id, row.session_id))
+        self._notify()
+        return await self.threads.read(self.store.task_status, task_id)
+
+    def overview(self) -> ServiceStatus:
+        """``GET /rollout/status`` (blocking: the app awaits :meth:`service_status`, which runs this off the loop)."""
+        assigned = self.store.assigned_counts()
+        nodes = []
+        for node in self.store.nodes():
+            live = self._live.get(node.node_id)
+            load = {
+                "run_slots": node.run_slots,
+                "assigned": assigned.get(node.node_id, 0),
+                "running": live.running if live else 0,
+                "queued": live.queued if live else 0,
+            }
+            nodes.append(
+                NodeStatus(
+                    node_id=node.node_id,
+                    url=node.url,
+                    healthy=self._healthy(node.node_id),
+                    draining=node.draining or (live is not None and live.draining),
+                    load=load,
+                    last_heartbeat=live.last_heartbeat if live else None,
+                )
+            )
+        return ServiceStatus(
+            tasks=self.store.task_counts(),
+            nodes=nodes,
+            pending_sessions=self.store.count_sessions("pending"),
+            pending_callbacks=self.store.pending_callbacks(),
+        )
+
+    async def service_status(self) -> ServiceStatus:
+        return await self.threads.read(self.overview)
+
+    async def _task_body(self, task_id: str) -> dict[str, Any]:
+        """The task as JSON (cached: one task's sessions are sent together)."""
+        body = self._tasks_cache.get(task_id)
+        if body is None:
+            task = await self.threads.read(self.store.task, task_id)
+            body = self._tasks_cache[task_id] = task.model_dump(mode="json")
+            while len(self._tasks_cache) > 256:
+                self._tasks_cache.popitem(last=False)
+        return body
+
+    # ---- nodes (gateway API) ------------------------------------------------------------------------------------
+
+    def check_node(self, node_id: str, request: Any) -> None:
+        """AuthError unless ``request`` carries the token of registered node ``node_id``."""
+        node = self._nodes.get(node_id)
+        if node is None or not bearer_matches(request, node.token):
+            raise AuthError(f"node {node_id!r} calls need that node's token (Authorization: Bearer <node token>)")
+
+    async def register(self, body: RegisterBody) -> RegisterAnswer:
+        """A gateway (re)starts: whatever the server thought ran there and is not among its held results is lost."""
+        node_id = body.node_id or f"node-{secrets.token_hex(4)}"
+        url = body.url.rstrip("/")
+        await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots)
+        node = await self.threads.read(self.store.node, node_id)
+        assert node is not None
+        self._nodes[node_id] = node
+        self._live[node_id] = NodeLive(last_seen=time.monotonic())
+        held = set(body.held_results)
+        for row in await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id):
+            if row.session_id not in held:
+                await self._requeue(row, f"node {node_id} restarted without the session")
+        self._dispatch_wake.set()
+        return RegisterAnswer(node_id=node_id, heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    async def heartbeat(self, node_id: str, body: HeartbeatBody) -> HeartbeatAnswer:
+        """The node's load and the sessions it holds: ones it should not run are cancelled there; ones it should
+        hold and does not (nor is being sent) are looked up there."""
+        live = self._live.setdefault(node_id, NodeLive(last_seen=time.monotonic()))
+        if live.dead:
+            log.warning("node %s is heartbeating again", node_id)
+        live.last_seen, live.last_heartbeat = time.monotonic(), time.time()
+        live.dead = live.unreachable = False
+        live.running, live.queued, live.reserved = body.load.running, body.load.queued, 0
+        live.draining = body.draining
+        await self.threads.write(self.store.mark_running, node_id, body.sessions)
+        check = await self.threads.read(self.store.check_held, node_id, body.sessions)
+        self._look_up_all(row for row in check.missing if row.session_id not in self._sending)
+        self._dispatch_wake.set()
+        return HeartbeatAnswer(cancel=check.cancel)
+
+    async def drain(self, node_id: str) -> dict[str, Any]:
+        await self.threads.write(self.store.set_draining, node_id)
+        node = self._nodes.get(node_id)
+        if node is not None:
+            self._nodes[node_id] = dataclasses.replace(node, draining=True)
+        return {"node_id": node_id, "draining": True}
+
+    async def session_result(self, body: SessionResultBody) -> SessionResultAnswer:
+        """A gateway reports a result: committed (first one only) before the answer goes back.
+
+        ForbiddenError (403) when that attempt of the session was never sent to that node: nothing changes."""
+        if body.result.session_id != body.session_id:
+            raise ConfigError(f"the result is for session {body.result.session_id!r}, not {body.session_id!r}")
+        return await self._accept(body.session_id, body.node_id, body.attempt, body.result)
+
+    async def _accept(self, session_id: str, node_id: str, attempt: int, result: SessionResult) -> SessionResultAnswer:
+        metadata = {**result.metadata, "node_id": node_id, ATTEMPT_KEY: attempt}
+        result = result.model_copy(update={"metadata": metadata})
+        reported = await self.threads.write(
+            self.store.report, session_id, node_id, attempt, result, self.config.max_attempts
+        )
+        if reported.verdict == "refused":
+            raise ForbiddenError(f"session {session_id!r} attempt {attempt} was never sent to node {node_id!r}")
+        if reported.verdict == "requeued":
+            log.warning("session %s: node %s cancelled attempt %d: %s", session_id, node_id, attempt, result.error)
+        if reported.verdict != "duplicate":
+            self._notify()
+        return SessionResultAnswer(duplicate=reported.verdict == "duplicate")
+
+    async def _requeue(self, row: SessionRow, reason: str) -> None:
+        outcome = await self.threads.write(
+            self.store.requeue, row.session_id, row.attempt, reason, self.config.max_attempts
+        )
+        if outcome is not None:
+            log.warning("session %s: %s", row.session_id, reason)
+            self._notify()
+
+    def _healthy(self, node_id: str) -> bool:
+        live = self._live.get(node_id)
+        return live is not None and not live.dead and not live.unreachable
+
+    # ---- dispatch -----------------------------------------------------------------------------------------------
+
+    def _loads(self, assigned: dict[str, int]) -> list[NodeLoad]:
+        out = []
+        for node in self._nodes.values():
+            live = self._live.get(node.node_id)
+            out.append(
+                NodeLoad(
+                    node_id=node.node_id,
+                    run_slots=node.run_slots,
+                    healthy=self._healthy(node.node_id),
+                    draining=node.draining or (live is not None and live.draining),
+                    assigned=assigned.get(node.node_id, 0),
+                    running=live.running if live else 0,
+                    queued=live.queued if live else 0,
+                    reserved=live.reserved if live else 0,
+                )
+            )
+        return out
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dispatch_wake.wait(), self.config.heartbeat_interval_s)
+            self._dispatch_wake.clear()
+            try:
+                if self._dispatching:
+                    await self._dispatch_pending()
+            except Exception:
+                log.exception("dispatch failed")
+
+    async def _dispatch_pending(self) -> None:
+        """Choose a node for each pending session (until none can take more), record them all, then send them."""
+        pending = await self.threads.read(self.store.sessions, states=("pending",), limit=DISPATCH_BATCH)
+        if not pending:
+            return
+        loads = {n.node_id: n for n in self._loads(await self.threads.read(self.store.assigned_counts))}
+        chosen: list[tuple[SessionRow, str]] = []
+        for row in pending:
+            node = choose_node(
+                loads.values(),
+                max_queued=self.config.max_queued_per_node,
+                reservations=self.config.reservations_per_node,
+                avoid=row.node_id,
+            )
+            if node is None:
+                break
+            node.assigned += 1
+            node.reserved += 1
+            chosen.append((row, node.node_id))
+        if not chosen:
+            return
+        self._sending.update(row.session_id for row, _ in chosen)  # before they are recorded: see heartbeat()
+        attempts = await self.threads.write(
+            self.store.dispatch_many, [(row.session_id, node_id) for row, node_id in chosen]
+        )
+        for (row, node_id), attempt in zip(chosen, attempts, strict=True):
+            if attempt is None:
+                self._sending.discard(row.session_id)
+                continue
+            live = self._live.get(node_id)
+            if live is not None:
+                live.reserved += 1
+            self._spawn(self._send(row, node_id, attempt))
+        if len(pending) == DISPATCH_BATCH and len(chosen) == len(pending):
+            self._dispatch_wake.set()  # more may be waiting
+
+    async def _send(self, row: SessionRow, node_id: str, attempt: int) -> None:
+        """POST the session to its gateway; a call that fails undoes the dispatch (the node is marked unreachable
+        until it heartbeats again), a 4xx answer (the gateway refuses the task) fails the session."""
+        try:
+            async with self._send_limit:
+                response = await self._post_session(row, node_id, attempt)
+        except (httpx.HTTPError, PolarError) as exc:
+            log.warning("session %s: dispatch to %s failed: %s", row.session_id, node_id, exc)
+            response = None
+        finally:
+            self._sending.discard(row.session_id)
+        if response is None or response.status_code == 503:  # unreachable, or draining: not an attempt
+            if node_id in self._live:
+                self._live[node_id].unreachable = True
+            await self.threads.write(self.store.undo_dispatch, row.session_id, attempt)
+            self._dispatch_wake.set()
+            return
+        if response.status_code < 300:
+            return
+        message = _error_message(response)
+        if 400 <= response.status_code < 500 and response.status_code not in (401, 404, 409):
+            error = f"node {node_id} refused the session: {message}"
+            failed = failed_result(row.task_id, row.session_id, row.sample_index, "error", error)
+            await self.threads.write(self.store.finish, row.session_id, failed)
+            self._notify()
+            return
+        log.warning("session %s: node %s answered %s: %s", row.session_id, node_id, response.status_code, message)
+        current = await self.threads.read(self.store.session, row.session_id)
+        await self._requeue(current, f"node {node_id} answered {response.status_code}")
+
+    async def _post_session(self, row: SessionRow, node_id: str, attempt: int) -> httpx.Response:
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise SessionError(f"unknown node {node_id!r}")
+        task = await self._task_body(row.task_id)
+        task = {**task, "metadata": {**task["metadata"], ATTEMPT_KEY: attempt}}
+        body = {"task": task, "sample_index": row.sample_index, "session_id": row.session_id}
+        return await self.client.post(f"{node.url}/sessions", json=body, headers=_bearer(node.token))
+
+    async def _cancel_on_node(self, node_id: str, session_id: str) -> None:
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            await self.client.delete(f"{node.url}/sessions/{session_id}", headers=_bearer(node.token))
+
+    # ---- liveness and reconciliation ----------------------------------------------------------------------------
+
+    async def _liveness_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s / 2)
+            now = time.monotonic()
+            for node_id, live in list(self._live.items()):
+                if live.dead or now - live.last_seen <= self.config.dead_after_s:
+                    continue
+                live.dead = True
+                log.warning("node %s missed its heartbeats: re-dispatching its sessions", node_id)
+                for row in await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id):
+                    await self._requeue(row, f"node {node_id} stopped heartbeating")
+
+    async def _reconcile(self) -> None:
+        """At start: every session the database says a gateway holds is looked up there (the server may have died
+        mid-dispatch, or while the gateway finished it)."""
+        self._look_up_all(await self.threads.read(self.store.sessions, states=ASSIGNED))
+
+    def _look_up_all(self, rows: Iterable[SessionRow]) -> None:
+        for row in rows:
+            if row.session_id not in self._looking_up:
+                self._looking_up.add(row.session_id)
+                self._spawn(self._look_up(row))
+
+    async def _look_up(self, row: SessionRow) -> None:
+        """Ask the session's gateway about it: a result there is committed; a gateway that does not know it lost it."""
+        try:
+            node = self._nodes.get(row.node_id or "")
+            if node is None:
+                await self._requeue(row, "its node is unknown")
+                return
+            async with self._lookup_limit:
+                try:
+                    response = await self.client.get(
+                        f"{node.url}/sessions/{row.session_id}", headers=_bearer(node.token)
+                    )
+                except httpx.HTTPError:
+                    return  # liveness decides about a node that does not answer
+            if response.status_code == 404:
+                await self._requeue(row, f"node {node.node_id} does not know the session")
+            elif response.is_success and response.json().get("result") is not None:
+                result = SessionResult.model_validate(response.json()["result"])
+                attempt = result.metadata.get(ATTEMPT_KEY, row.attempt)
+                with contextlib.suppress(ForbiddenError, SessionError):
+                    await self._accept(row.session_id, node.node_id, int(attempt), result)
+        except Exception:
+            log.exception("session %s: looking it up on node %s failed", row.session_id, row.node_id)
+        finally:
+            self._looking_up.discard(row.session_id)
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
