@@ -28,7 +28,7 @@ def service_tables(status: ServiceStatus) -> Group:
     for state, count in sorted(status.tasks.items()):
         tasks.add_row(styled(state), str(count))
     nodes = Table(title="nodes")
-    counts = ("running", "queued", "free slots", "run slots")
+    counts = ("run slots", "running", "queued", "assigned")
     for column in ("node", "url", "health", "draining", *counts, "heartbeat"):
         nodes.add_column(column, justify="right" if column in counts else "left")
     for node in status.nodes:
@@ -37,13 +37,16 @@ def service_tables(status: ServiceStatus) -> Group:
             node.url,
             "[green]healthy[/green]" if node.healthy else "[red]unhealthy[/red]",
             "[yellow]draining[/yellow]" if node.draining else "no",
+            str(node.load.run_slots),
             str(node.load.running),
             str(node.load.queued),
-            str(node.load.free_slots),
-            str(node.load.run_slots),
+            "-" if node.load.assigned is None else str(node.load.assigned),
             _ago(node.last_heartbeat),
         )
-    return Group(tasks, nodes, f"pending sessions: {status.pending_sessions}")
+    pending = f"pending sessions: {status.pending_sessions}"
+    if status.pending_callbacks is not None:
+        pending += f"   trainer callbacks not yet delivered: {status.pending_callbacks}"
+    return Group(tasks, nodes, pending)
 
 
 def task_table(status: TaskStatus) -> Table:

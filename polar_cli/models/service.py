@@ -22,12 +22,14 @@ class SubmitAnswer(BaseModel):
 
 
 class NodeLoad(BaseModel):
-    """A gateway's load, as its last heartbeat reported it."""
+    """A gateway's load: its run slots, what its last heartbeat said (running, queued, free slots) and the sessions the
+    server has assigned to it and not seen finish. Fields a server leaves out are None."""
 
     run_slots: int = 0
     running: int = 0
     queued: int = 0
-    free_slots: int = 0
+    free_slots: int | None = None
+    assigned: int | None = None
 
 
 class NodeStatus(BaseModel):
@@ -47,6 +49,7 @@ class ServiceStatus(BaseModel):
     tasks: dict[TaskState, int] = Field(default_factory=dict)
     nodes: list[NodeStatus] = Field(default_factory=list)
     pending_sessions: int = 0
+    pending_callbacks: int | None = None  # trainer callbacks not yet acknowledged, when the server reports them
 
 
 class SessionResultCallback(BaseModel):
