@@ -1,0 +1,146 @@
+"""``polar serve``: the rollout service. No flags: server and one gateway in one process; ``--role server`` /
+``--role gateway --server URL --server-token T`` for many machines; ``--config serve.yaml`` for the same as a file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from polar_cli.config import read_data_file
+from polar_cli.errors import ConfigError
+from polar_cli.models import validate_model
+from polar_cli.server.config import ServeConfig
+from polar_cli.server.launch import INFO_FILE, ServeInfo, serve
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    if value is None:
+        return
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        data = data.setdefault(key, {})
+    data[leaf] = value
+
+
+def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> ServeConfig:
+    """The topology file (if any) with the command-line ``flags`` (dotted keys; None = not given) on top."""
+    data: Any = read_data_file(path) if path is not None else {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a serve config holds one mapping, not {type(data).__name__}")
+    source = str(path) if path is not None else "polar serve"
+    if role is not None:
+        data["role"] = role
+    base = validate_model(ServeConfig, data, source=source)  # names the bad field and the file before flags apply
+    if base.role == "all":
+        gateway = data.setdefault("gateway", {})
+        if isinstance(gateway, dict):
+            gateway.setdefault("port", 0)  # the embedded gateway: any free port unless the file names one
+    for dotted, value in flags.items():
+        if dotted in ("host", "port", "data_dir", "token"):
+            targets = {"server": ["server"], "gateway": ["gateway"], "all": ["server", "gateway"]}[base.role]
+            if dotted == "port" and base.role == "all":
+                targets = ["server"]  # the embedded gateway keeps its own (default: any free port)
+            if dotted == "token":
+                targets = ["gateway.control_token" if base.role == "gateway" else "server.token"]
+                _set(data, targets[0], value)
+                continue
+            for target in targets:
+                _set(data, f"{target}.{dotted}", str(value) if dotted == "data_dir" else value)
+        else:
+            _set(data, dotted, value)
+    return validate_model(ServeConfig, data, source=source)
+
+
+def _announce(info: ServeInfo, data_dir: Path) -> None:
+    if info.url:
+        typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
+        typer.echo(f"  server token: {info.token}")
+        typer.echo(f"  submit: curl -s -H 'Authorization: Bearer {info.token}' {info.url}/rollout/status")
+    if info.gateway_url:
+        typer.echo(f"Gateway node {info.node_id} on {info.gateway_url}")
+    # one machine-readable line (also in <data_dir>/serve.json)
+    fields = {
+        "role": info.role,
+        "url": info.url,
+        "token": info.token,
+        "gateway_url": info.gateway_url,
+        "node_id": info.node_id,
+    }
+    typer.echo("POLAR_SERVE " + " ".join(f"{k}={v}" for k, v in fields.items() if v))
+    typer.echo(f"({data_dir / INFO_FILE} has the same.)  Ctrl-C stops.")
+
+
+def serve_command(
+    role: Annotated[str | None, typer.Option("--role", help="all (default), server or gateway.")] = None,
+    config_file: Annotated[Path | None, typer.Option("--config", help="A serve topology YAML/JSON.")] = None,
+    host: str | None = typer.Option(None, "--host", help="Interface to listen on (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="Port (server default 8780; gateway: any free one)."),
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Database, results, journals.")] = None,
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="POLAR_TOKEN",
+        help="This process's token (server token; with --role gateway the node token).",
+    ),
+    server: str | None = typer.Option(None, "--server", help="--role gateway: the rollout server's URL."),
+    server_token: str | None = typer.Option(
+        None, "--server-token", envvar="POLAR_SERVER_TOKEN", help="--role gateway: the server token (to register)."
+    ),
+    public_url: str | None = typer.Option(None, "--public-url", help="The gateway's URL as the server reaches it."),
+    node_id: str | None = typer.Option(None, "--node-id", help="The gateway's node id (default: kept in data dir)."),
+    backend: str | None = typer.Option(None, "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
+    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL."),
+    model: str | None = typer.Option(None, "--model", help="Upstream model name."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
+    script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
+    run_slots: int | None = typer.Option(None, "--run-slots", help="Harnesses running at once on the gateway."),
+    heartbeat: float | None = typer.Option(None, "--heartbeat-interval", help="Seconds between gateway heartbeats."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings."),
+) -> None:
+    """Run the rollout service: server, gateway, or both (default). Prints the URL and the token to use."""
+    logging.basicConfig(
+        level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
+    )
+    flags = {
+        "host": host,
+        "port": port,
+        "data_dir": data_dir,
+        "token": token,
+        "agent.server_url": server,
+        "agent.server_token": server_token,
+        "agent.node_id": node_id,
+        "gateway.public_url": public_url,
+        "gateway.proxy.backend": backend,
+        "gateway.proxy.backend_url": backend_url,
+        "gateway.proxy.model": model,
+        "gateway.proxy.tokenizer": tokenizer,
+        "gateway.proxy.script": script,
+        "gateway.pipeline.run_slots": run_slots,
+        "server.heartbeat_interval_s": heartbeat,
+    }
+    config = build_config(config_file, role, flags)
+    config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session
+    where = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
+
+    async def main() -> None:
+        current = asyncio.current_task()
+        if current is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
+        await serve(config, lambda info: _announce(info, where))
+
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        asyncio.run(main())
+    typer.echo("Stopped.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)

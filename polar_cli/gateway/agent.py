@@ -1,0 +1,262 @@
+"""A gateway node's side of the rollout service: register with the server, heartbeat, report every result.
+
+Results are already durable in the node's ResultStore when the agent hears of them; the agent keeps retrying each
+one (``POST /callbacks/session_result``, with the node's token) until the server acknowledges it, then appends its id
+to ``<data_dir>/acked.log``. On start, stored results missing from that log are reported again (the server may have
+been down, or this node killed) and listed as ``held_results`` when the node registers. The node id is kept in
+``<data_dir>/node.json``, so a restarted gateway is the same node to the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar_cli.errors import ConfigError, SessionError
+from polar_cli.gateway.node import GatewayNode
+from polar_cli.models import SessionResult
+from polar_cli.server.config import AgentConfig
+from polar_cli.server.models import ATTEMPT_KEY, HeartbeatAnswer, RegisterAnswer
+
+log = logging.getLogger(__name__)
+SERVER_TOKEN_ENV = "POLAR_SERVER_TOKEN"
+BATCH = 16
+
+
+class _Unauthorized(Exception):
+    """The server does not know this node (or its token): register again."""
+
+
+class GatewayAgent:
+    """``agent = GatewayAgent(config, data_dir)``; pass ``agent.on_result`` to the GatewayNode; ``await
+    agent.start(node)`` once the node listens; ``await agent.close()`` before closing the node."""
+
+    def __init__(self, config: AgentConfig, data_dir: Path) -> None:
+        if not config.server_url:
+            raise ConfigError("a gateway needs the server's URL (--server)")
+        token = config.server_token or os.environ.get(SERVER_TOKEN_ENV)
+        if not token:
+            raise ConfigError(f"a gateway needs the server's token (--server-token or ${SERVER_TOKEN_ENV})")
+        self.config = config
+        self.server_url = config.server_url.rstrip("/")
+        self.server_token = token
+        self.data_dir = Path(data_dir)
+        self.node_id: str | None = config.node_id or self._saved().get("node_id")
+        self.heartbeat_interval = 5.0
+        self.registered = asyncio.Event()
+        self._unacked: dict[str, None] = {}  # insertion-ordered set
+        self._wake = asyncio.Event()
+        self._node: GatewayNode | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ---- state kept on disk -------------------------------------------------------------------------------------
+
+    @property
+    def _acked_log(self) -> Path:
+        return self.data_dir / "acked.log"
+
+    def _saved(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.data_dir / "node.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save_node_id(self, node_id: str) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "node.json").write_text(json.dumps({**self._saved(), "node_id": node_id}))
+
+    def _load_unacked(self, node: GatewayNode) -> None:
+        try:
+            acked = set(self._acked_log.read_text().split())
+        except OSError:
+            acked = set()
+        for session_id in node.store.session_ids():
+            if session_id not in acked:
+                self._unacked[session_id] = None
+
+    def _ack(self, session_id: str) -> None:
+        self._unacked.pop(session_id, None)
+        with self._acked_log.open("a") as fh:
+            fh.write(session_id + "\n")
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+
+    def on_result(self, result: SessionResult) -> None:
+        """The pipeline's result callback: the result is in the ResultStore; report it."""
+        self._unacked[result.session_id] = None
+        self._wake.set()
+
+    async def start(self, node: GatewayNode) -> None:
+        if node.url is None or not node.config.control_token:
+            raise ConfigError("the gateway must listen, with a control token, before it registers")
+        self._node = node
+        self._load_unacked(node)
+        self._client = httpx.AsyncClient(timeout=self.config.retry.timeout_s)
+        self._main = asyncio.create_task(self._run(), name="polar-gateway-agent")
+
+    async def close(self) -> None:
+        for task in [t for t in (self._main, *self._background) if t is not None]:
+            task.cancel()
+        await asyncio.gather(*(t for t in (self._main, *self._background) if t is not None), return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _headers(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    async def _run(self) -> None:
+        await self._register()
+        delivery = asyncio.create_task(self._deliver_loop())
+        try:
+            await self._heartbeat_loop()
+        finally:
+            delivery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await delivery
+
+    # ---- register and heartbeat ---------------------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        """Register (again), retrying with backoff until the server answers."""
+        assert self._node is not None and self._client is not None
+        node = self._node
+        failures = 0
+        self.registered.clear()
+        while True:
+            pipeline = node.pipeline.config
+            body = {
+                "url": node.url,
+                "token": node.config.control_token,
+                "node_id": self.node_id,
+                "capacity": {
+                    "run_slots": pipeline.run_slots,
+                    "init_workers": pipeline.init_workers,
+                    "postrun_workers": pipeline.postrun_workers,
+                },
+                "held_results": list(self._unacked),
+            }
+            try:
+                response = await self._client.post(
+                    f"{self.server_url}/nodes/register", json=body, headers=self._headers(self.server_token)
+                )
+                if response.status_code == 401:
+                    log.error("the server refused to register this node: check the server token")
+                response.raise_for_status()
+                answer = RegisterAnswer.model_validate(response.json())
+                break
+            except (httpx.HTTPError, ValueError) as exc:
+                failures += 1
+                log.warning("register with %s failed (%s); retrying", self.server_url, exc)
+                await asyncio.sleep(self.config.retry.delay(failures))
+        self.node_id = answer.node_id
+        self.heartbeat_interval = answer.heartbeat_interval_s
+        self._save_node_id(answer.node_id)
+        self.registered.set()
+        self._wake.set()
+
+    def _load(self) -> dict[str, Any]:
+        assert self._node is not None
+        stages = self._node.pipeline.metrics()["stages"]
+        running = stages["running"]["in_flight"]
+        queued = (
+            stages["init"]["queued"]
+            + stages["init"]["in_flight"]
+            + stages["ready"]["queued"]
+            + stages["ready"]["blocked"]
+        )
+        slots = stages["running"]["capacity"]
+        return {"run_slots": slots, "running": running, "queued": queued, "free_slots": max(0, slots - running)}
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._node is not None and self._client is not None
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            body = {"load": self._load(), "sessions": [job.session_id for job in self._node.pipeline.active()]}
+            try:
+                response = await self._client.post(
+                    f"{self.server_url}/nodes/{self.node_id}/heartbeat",
+                    json=body,
+                    headers=self._headers(self._node.config.control_token or ""),
+                )
+                if response.status_code == 401:
+                    await self._register()  # the server forgot this node (a new database)
+                    continue
+                response.raise_for_status()
+                answer = HeartbeatAnswer.model_validate(response.json())
+            except (httpx.HTTPError, ValueError) as exc:
+                log.info("heartbeat to %s failed: %s", self.server_url, exc)
+                continue
+            for session_id in answer.cancel:
+                self._spawn(self._cancel(session_id))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _cancel(self, session_id: str) -> None:
+        assert self._node is not None
+        with contextlib.suppress(SessionError):
+            await self._node.pipeline.cancel(session_id, "cancelled by the rollout server")
+
+    # ---- result callbacks ---------------------------------------------------------------------------------------
+
+    async def _deliver_loop(self) -> None:
+        failures = 0
+        while True:
+            self._wake.clear()
+            batch = list(self._unacked)[:BATCH]
+            if not batch:
+                await self._wake.wait()
+                continue
+            outcomes = await asyncio.gather(*(self._deliver(sid) for sid in batch), return_exceptions=True)
+            if any(o is not True for o in outcomes):
+                if any(isinstance(o, _Unauthorized) for o in outcomes):
+                    await self._register()
+                failures += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.config.retry.delay(failures))
+            else:
+                failures = 0
+
+    async def _deliver(self, session_id: str) -> bool:
+        assert self._node is not None and self._client is not None
+        try:
+            result = await asyncio.to_thread(self._node.store.read, session_id)
+        except SessionError:
+            self._unacked.pop(session_id, None)  # nothing stored: nothing to report
+            return True
+        attempt = result.metadata.get(ATTEMPT_KEY, 1)
+        body = {
+            "node_id": self.node_id,
+            "session_id": session_id,
+            "attempt": attempt if isinstance(attempt, int) and attempt > 0 else 1,
+            "result": result.model_dump(mode="json"),
+        }
+        try:
+            response = await self._client.post(
+                f"{self.server_url}/callbacks/session_result",
+                json=body,
+                headers=self._headers(self._node.config.control_token or ""),
+            )
+        except httpx.HTTPError as exc:
+            log.info("result of %s not delivered yet: %s", session_id, exc)
+            return False
+        if response.status_code == 401:
+            raise _Unauthorized
+        if response.is_success or response.status_code in (400, 404):
+            if not response.is_success:  # the server will never take it (unknown session): do not retry forever
+                log.warning("the server refused the result of %s: %s", session_id, response.text[:200])
+            self._ack(session_id)
+            return True
+        return False

@@ -1,0 +1,81 @@
+"""The rollout server's HTTP routes (docs/service.md): parse and check each call, then one RolloutServer method."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from polar_cli.errors import ConfigError
+from polar_cli.http import Handler, guarded, json_errors, json_response, read_json
+from polar_cli.models import TaskRequest, validate_model
+from polar_cli.server.models import HeartbeatBody, RegisterBody, SessionResultBody
+from polar_cli.server.service import RolloutServer
+
+MAX_BODY_MB = 256
+
+
+def _json(model: BaseModel, status: int = 200) -> web.Response:
+    return json_response(model.model_dump(mode="json"), status)
+
+
+def create_app(server: RolloutServer) -> web.Application:
+    """Every route but ``GET /healthz`` needs a token: the server's, or (heartbeats, results) the calling node's."""
+    app = web.Application(client_max_size=MAX_BODY_MB * 1024 * 1024, middlewares=[json_errors(what="rollout server")])
+
+    def guard(handler: Handler) -> Handler:
+        return guarded(server.token, "the rollout server", handler)
+
+    async def submit(request: web.Request) -> web.Response:
+        source = "POST /rollout/task/submit"
+        task = validate_model(TaskRequest, await read_json(request, source=source), source=source)
+        return _json(await server.submit(task))
+
+    async def task_status(request: web.Request) -> web.Response:
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError as exc:
+            raise ConfigError("wait must be a number of seconds") from exc
+        return _json(await server.status(request.match_info["task_id"], wait))
+
+    async def cancel(request: web.Request) -> web.Response:
+        return _json(await server.cancel(request.match_info["task_id"]))
+
+    async def status(request: web.Request) -> web.Response:
+        return _json(server.overview())
+
+    async def register(request: web.Request) -> web.Response:
+        source = "POST /nodes/register"
+        body = validate_model(RegisterBody, await read_json(request, source=source), source=source)
+        return _json(await server.register(body))
+
+    async def heartbeat(request: web.Request) -> web.Response:
+        node_id = request.match_info["node_id"]
+        server.check_node(node_id, request)  # before the body is even read: a wrong token changes nothing
+        source = f"POST /nodes/{node_id}/heartbeat"
+        body = validate_model(HeartbeatBody, await read_json(request, source=source, default={}), source=source)
+        return _json(await server.heartbeat(node_id, body))
+
+    async def session_result(request: web.Request) -> web.Response:
+        source = "POST /callbacks/session_result"
+        data = await read_json(request, source=source)
+        node_id = data.get("node_id") if isinstance(data, dict) else None
+        server.check_node(str(node_id), request)
+        body = validate_model(SessionResultBody, data, source=source)
+        return _json(await server.session_result(body))
+
+    async def drain(request: web.Request) -> web.Response:
+        return json_response(await server.drain(request.match_info["node_id"]))
+
+    async def health(request: web.Request) -> web.Response:
+        return json_response({"ok": True})
+
+    app.router.add_post("/rollout/task/submit", guard(submit))
+    app.router.add_get("/rollout/task/{task_id}", guard(task_status))
+    app.router.add_delete("/rollout/task/{task_id}", guard(cancel))
+    app.router.add_get("/rollout/status", guard(status))
+    app.router.add_post("/nodes/register", guard(register))
+    app.router.add_post("/nodes/{node_id}/heartbeat", heartbeat)
+    app.router.add_delete("/nodes/{node_id}", guard(drain))
+    app.router.add_post("/callbacks/session_result", session_result)
+    app.router.add_get("/healthz", health)
+    return app

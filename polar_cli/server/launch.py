@@ -1,0 +1,110 @@
+"""``polar serve``'s lifecycle: start the roles a ServeConfig asks for, announce where they are, run until cancelled.
+
+- ``all``: the rollout server and one gateway node in one process (the gateway registers over loopback, exactly as a
+  remote one does);
+- ``server``: the rollout server alone;
+- ``gateway``: one gateway node that registers with ``agent.server_url``.
+
+Where each listens (and the tokens) goes to ``<data_dir>/serve.json`` (mode 0600) as well as to ``on_ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from polar_cli.errors import ProxyError
+from polar_cli.gateway.agent import GatewayAgent
+from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.http import new_token
+from polar_cli.proxy.server import listen_url
+from polar_cli.server.app import create_app
+from polar_cli.server.config import ServeConfig
+from polar_cli.server.service import RolloutServer
+
+INFO_FILE = "serve.json"
+
+
+@dataclass
+class ServeInfo:
+    """What a started ``polar serve`` tells its operator."""
+
+    role: str
+    url: str | None = None
+    """The rollout server's URL (``all``, ``server``)."""
+    token: str | None = None
+    """The server token (``all``, ``server``)."""
+    gateway_url: str | None = None
+    node_id: str | None = None
+    node_token: str | None = None
+    pid: int = 0
+
+
+def node_token(config: GatewayConfig) -> str:
+    """The gateway's control token: configured, else the one kept in ``<data_dir>/node.json``, else a new one."""
+    if config.control_token:
+        return config.control_token
+    path = config.data_dir / "node.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    if not isinstance(saved, dict):
+        saved = {}
+    if not saved.get("token"):
+        saved["token"] = new_token()
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        _write_private(path, json.dumps(saved))
+    return str(saved["token"])
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+async def _listen(app: web.Application, host: str, port: int, stack: contextlib.AsyncExitStack) -> int:
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        raise ProxyError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return int(runner.addresses[0][1])
+
+
+async def serve(config: ServeConfig, on_ready: Callable[[ServeInfo], None] | None = None) -> None:
+    """Run the configured roles until cancelled; everything started is stopped in reverse order."""
+    info = ServeInfo(role=config.role, pid=os.getpid())
+    agent_config = config.agent
+    async with contextlib.AsyncExitStack() as stack:
+        if config.role in ("all", "server"):
+            server = await stack.enter_async_context(RolloutServer(config.server))
+            port = await _listen(create_app(server), config.server.host, config.server.port, stack)
+            info.url, info.token = listen_url(config.server.host, port), server.token
+            if config.role == "all":
+                agent_config = agent_config.model_copy(update={"server_url": info.url, "server_token": server.token})
+        if config.role in ("all", "gateway"):
+            gateway = config.gateway.model_copy(update={"control_token": node_token(config.gateway)})
+            agent = GatewayAgent(agent_config, gateway.data_dir)
+            node = await stack.enter_async_context(GatewayNode(gateway, on_result=[agent.on_result]))
+            await agent.start(node)
+            stack.push_async_callback(agent.close)
+            info.gateway_url, info.node_token = node.url, gateway.control_token
+            await agent.registered.wait()
+            info.node_id = agent.node_id
+        data_dir = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))
+        if on_ready is not None:
+            on_ready(info)
+        await asyncio.Event().wait()

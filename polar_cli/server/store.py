@@ -1,0 +1,483 @@
+"""The rollout server's durable state behind a small interface, with a SQLite (WAL) implementation.
+
+Tasks, their sessions (``pending → dispatched → running → finished``, or ``cancelled``; each dispatch an attempt),
+the nodes that registered, and the outbox of trainer callbacks. Every state change is one transaction, so a crash at
+any point leaves a consistent database: :meth:`SessionStore.finish` commits a result (and its callbacks) before it
+returns, and a session finishes exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from polar_cli.errors import SessionError, SessionExistsError
+from polar_cli.models import SessionResult, TaskRequest, TaskState, TaskStatus, Trajectory, TrajectoryStatus
+
+SessionState = Literal["pending", "dispatched", "running", "finished", "cancelled"]
+UNFINISHED = ("pending", "dispatched", "running")
+ASSIGNED = ("dispatched", "running")
+CallbackKind = Literal["session_result", "task_status"]
+
+
+def task_digest(task: TaskRequest) -> str:
+    """A stable digest of a TaskRequest's content: the same body again is the same task."""
+    return hashlib.sha256(orjson.dumps(task.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def failed_result(
+    task_id: str, session_id: str, sample_index: int, status: TrajectoryStatus, error: str
+) -> SessionResult:
+    """The result of a session that never produced one itself (lost too often, cancelled before it ran, ...)."""
+    return SessionResult(
+        session_id=session_id,
+        task_id=task_id,
+        sample_index=sample_index,
+        status=status,
+        trajectory=Trajectory(status=status, session_id=session_id, error=error),
+        error=error,
+    )
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session_id: str
+    task_id: str
+    sample_index: int
+    state: SessionState
+    attempt: int
+    node_id: str | None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node_id: str
+    url: str
+    token: str
+    run_slots: int
+    draining: bool
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task_id: str
+    state: TaskState
+    created: bool
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What :meth:`SessionStore.finish` did: ``accepted`` the first time only; ``task_ended`` when it was the last."""
+
+    accepted: bool
+    task_ended: bool = False
+
+
+@dataclass(frozen=True)
+class Callback:
+    """One outbox entry: a trainer callback still to deliver."""
+
+    id: int
+    key: str
+    url: str
+    kind: CallbackKind
+    task_id: str
+    session_id: str | None
+    attempts: int
+
+
+class SessionStore(Protocol):
+    """What the server keeps. Implementations are used from one thread (the server's event loop)."""
+
+    def submit(self, task: TaskRequest, session_ids: list[str]) -> Submitted: ...
+    def task(self, task_id: str) -> TaskRequest: ...
+    def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
+    def task_counts(self) -> dict[str, int]: ...
+    def session(self, session_id: str) -> SessionRow: ...
+    def sessions(
+        self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
+    ) -> list[SessionRow]: ...
+    def assigned_counts(self) -> dict[str, int]: ...
+    def dispatch(self, session_id: str, node_id: str) -> int | None: ...
+    def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
+    def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
+    def finish(self, session_id: str, result: SessionResult) -> Finished: ...
+    def requeue(self, session_id: str, attempt: int, reason: str, max_attempts: int) -> Finished | None: ...
+    def cancel_task(self, task_id: str) -> list[SessionRow]: ...
+    def result(self, session_id: str) -> SessionResult | None: ...
+    def upsert_node(self, node_id: str, url: str, token: str, run_slots: int) -> None: ...
+    def node(self, node_id: str) -> NodeRow | None: ...
+    def nodes(self) -> list[NodeRow]: ...
+    def set_draining(self, node_id: str) -> None: ...
+    def due_callbacks(self, now: float, limit: int = 64) -> list[Callback]: ...
+    def callback_delivered(self, callback_id: int) -> None: ...
+    def callback_failed(self, callback_id: int, next_at: float, error: str) -> None: ...
+    def pending_callbacks(self) -> int: ...
+    def next_callback_at(self) -> float | None: ...
+    def meta(self, key: str) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+    def close(self) -> None: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, body TEXT NOT NULL, digest TEXT NOT NULL, num_samples INTEGER NOT NULL,
+    callback_url TEXT, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(task_id), sample_index INTEGER NOT NULL,
+    state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, node_id TEXT, result TEXT, updated_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id, sample_index);
+CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, node_id);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY, url TEXT NOT NULL, token TEXT NOT NULL, run_slots INTEGER NOT NULL,
+    draining INTEGER NOT NULL DEFAULT 0, registered_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT UNIQUE NOT NULL, url TEXT NOT NULL, kind TEXT NOT NULL,
+    task_id TEXT NOT NULL, session_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,
+    delivered_at REAL, last_error TEXT);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class SQLiteStore:
+    """:class:`SessionStore` in one SQLite file (WAL, ``synchronous=FULL``: a commit survives a power cut)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ---- tasks --------------------------------------------------------------------------------------------------
+
+    def submit(self, task: TaskRequest, session_ids: list[str]) -> Submitted:
+        digest = task_digest(task)
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT digest, state FROM tasks WHERE task_id = ?", (task.task_id,)).fetchone()
+            if row is not None:
+                if row["digest"] != digest:
+                    raise SessionExistsError(f"task {task.task_id!r} exists with a different body")
+                return Submitted(task.task_id, row["state"], created=False)
+            body = orjson.dumps(task.model_dump(mode="json")).decode()
+            db.execute(
+                "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
+                (task.task_id, body, digest, task.num_samples, task.callback_url, now, now),
+            )
+            db.executemany(
+                "INSERT INTO sessions (session_id, task_id, sample_index, state, updated_at) "
+                "VALUES (?, ?, ?, 'pending', ?)",
+                [(sid, task.task_id, i, now) for i, sid in enumerate(session_ids)],
+            )
+        return Submitted(task.task_id, "pending", created=True)
+
+    def task(self, task_id: str) -> TaskRequest:
+        row = self._db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise SessionError(f"unknown task {task_id!r}")
+        return TaskRequest.model_validate_json(row["body"])
+
+    def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus:
+        task = self._db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if task is None:
+            raise SessionError(f"unknown task {task_id!r}")
+        columns = "session_id, state, result" if with_results else "session_id, state, NULL AS result"
+        rows = self._db.execute(
+            f"SELECT {columns} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
+        ).fetchall()
+        results = [SessionResult.model_validate_json(r["result"]) for r in rows if r["result"] is not None]
+        completed, failed = self._outcomes(task_id)
+        return TaskStatus(
+            task_id=task_id,
+            state=task["state"],
+            num_samples=task["num_samples"],
+            sessions={r["session_id"]: r["state"] for r in rows},
+            completed=completed,
+            failed=failed,
+            results=results,
+            created_at=task["created_at"],
+            updated_at=task["updated_at"],
+        )
+
+    def _outcomes(self, task_id: str) -> tuple[int, int]:
+        rows = self._db.execute(
+            "SELECT json_extract(result, '$.status') AS status, COUNT(*) AS n FROM sessions "
+            "WHERE task_id = ? AND state = 'finished' GROUP BY status",
+            (task_id,),
+        ).fetchall()
+        counts = {r["status"]: r["n"] for r in rows}
+        completed = counts.pop("completed", 0)
+        return completed, sum(counts.values())
+
+    def task_counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
+        return {r["state"]: r["n"] for r in rows}
+
+    def _refresh_task(self, db: sqlite3.Connection, task_id: str, now: float) -> bool:
+        """Recompute the task's state; True when this change ended it (and queue its final callback)."""
+        task = db.execute("SELECT state, callback_url FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if task["state"] in ("completed", "failed", "cancelled"):
+            return False
+        states = {
+            r["state"]: r["n"]
+            for r in db.execute(
+                "SELECT state, COUNT(*) AS n FROM sessions WHERE task_id = ? GROUP BY state", (task_id,)
+            )
+        }
+        state: TaskState
+        if not any(states.get(s) for s in UNFINISHED):
+            completed, _ = self._outcomes(task_id)
+            state = "completed" if completed else "failed"
+        elif any(states.get(s) for s in ("dispatched", "running", "finished")):
+            state = "running"
+        else:
+            state = "pending"
+        db.execute("UPDATE tasks SET state = ?, updated_at = ? WHERE task_id = ?", (state, now, task_id))
+        ended = state in ("completed", "failed")
+        if ended:
+            self._queue_callback(db, task["callback_url"], "task_status", task_id, None, now)
+        return ended
+
+    @staticmethod
+    def _queue_callback(
+        db: sqlite3.Connection, url: str | None, kind: CallbackKind, task_id: str, session_id: str | None, now: float
+    ) -> None:
+        if not url:
+            return
+        key = f"session_result:{session_id}" if kind == "session_result" else f"task_status:{task_id}"
+        db.execute(
+            "INSERT OR IGNORE INTO outbox (key, url, kind, task_id, session_id, next_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (key, url, kind, task_id, session_id, now),
+        )
+
+    # ---- sessions -----------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _row(r: sqlite3.Row) -> SessionRow:
+        return SessionRow(r["session_id"], r["task_id"], r["sample_index"], r["state"], r["attempt"], r["node_id"])
+
+    def session(self, session_id: str) -> SessionRow:
+        r = self._db.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        if r is None:
+            raise SessionError(f"unknown session {session_id!r}")
+        return self._row(r)
+
+    def sessions(
+        self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
+    ) -> list[SessionRow]:
+        sql = f"SELECT * FROM sessions WHERE state IN ({','.join('?' * len(states))})"
+        args: list[Any] = list(states)
+        if node_id is not None:
+            sql += " AND node_id = ?"
+            args.append(node_id)
+        sql += " ORDER BY rowid"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [self._row(r) for r in self._db.execute(sql, args)]
+
+    def assigned_counts(self) -> dict[str, int]:
+        rows = self._db.execute(
+            "SELECT node_id, COUNT(*) AS n FROM sessions WHERE state IN ('dispatched', 'running') GROUP BY node_id"
+        )
+        return {r["node_id"]: r["n"] for r in rows}
+
+    def dispatch(self, session_id: str, node_id: str) -> int | None:
+        """pending → dispatched to ``node_id`` as a new attempt; its number, or None if it was not pending."""
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE sessions SET state = 'dispatched', attempt = attempt + 1, node_id = ?, "
+                "updated_at = ? WHERE session_id = ? AND state = 'pending'",
+                (node_id, now, session_id),
+            )
+            if cur.rowcount != 1:
+                return None
+            task_id = db.execute("SELECT task_id FROM sessions WHERE session_id = ?", (session_id,)).fetchone()[0]
+            self._refresh_task(db, task_id, now)
+            attempt: int = db.execute("SELECT attempt FROM sessions WHERE session_id = ?", (session_id,)).fetchone()[0]
+        return attempt
+
+    def undo_dispatch(self, session_id: str, attempt: int) -> None:
+        """A dispatch that never reached its gateway: back to pending, the attempt not counted."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE sessions SET state = 'pending', attempt = attempt - 1, node_id = NULL, updated_at = ? "
+                "WHERE session_id = ? AND state = 'dispatched' AND attempt = ?",
+                (time.time(), session_id, attempt),
+            )
+
+    def mark_running(self, node_id: str, session_ids: list[str]) -> None:
+        if not session_ids:
+            return
+        marks = ",".join("?" * len(session_ids))
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE sessions SET state = 'running', updated_at = ? WHERE state = 'dispatched' "
+                f"AND node_id = ? AND session_id IN ({marks})",
+                (time.time(), node_id, *session_ids),
+            )
+
+    def finish(self, session_id: str, result: SessionResult) -> Finished:
+        """Commit ``result`` as the session's one result; ``accepted=False`` if it had finished (or was cancelled)."""
+        now = time.time()
+        body = result.model_dump_json()
+        with self._tx() as db:
+            row = db.execute("SELECT task_id, state FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise SessionError(f"unknown session {session_id!r}")
+            if row["state"] not in UNFINISHED:
+                return Finished(accepted=False)
+            db.execute(
+                "UPDATE sessions SET state = 'finished', result = ?, updated_at = ? WHERE session_id = ?",
+                (body, now, session_id),
+            )
+            url = db.execute("SELECT callback_url FROM tasks WHERE task_id = ?", (row["task_id"],)).fetchone()[0]
+            self._queue_callback(db, url, "session_result", row["task_id"], session_id, now)
+            ended = self._refresh_task(db, row["task_id"], now)
+        return Finished(accepted=True, task_ended=ended)
+
+    def requeue(self, session_id: str, attempt: int, reason: str, max_attempts: int) -> Finished | None:
+        """Attempt ``attempt`` was lost: pending again, or (attempts used up) finished with status error.
+
+        None when the session had moved on (finished, or another attempt runs)."""
+        with self._tx() as db:
+            r = db.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+            if r is None or r["state"] not in ASSIGNED or r["attempt"] != attempt:
+                return None
+            if attempt < max_attempts:
+                db.execute(
+                    "UPDATE sessions SET state = 'pending', updated_at = ? WHERE session_id = ?",
+                    (time.time(), session_id),
+                )
+                return Finished(accepted=False)
+        error = f"{reason} (attempt {attempt} of {max_attempts}; no attempts left)"
+        return self.finish(session_id, failed_result(r["task_id"], session_id, r["sample_index"], "error", error))
+
+    def cancel_task(self, task_id: str) -> list[SessionRow]:
+        """Cancel every unfinished session of the task; the ones a gateway holds (to cancel there) are returned."""
+        now = time.time()
+        with self._tx() as db:
+            task = db.execute("SELECT state, callback_url FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+            if task is None:
+                raise SessionError(f"unknown task {task_id!r}")
+            if task["state"] in ("completed", "failed", "cancelled"):
+                return []
+            held = [
+                self._row(r)
+                for r in db.execute(
+                    "SELECT * FROM sessions WHERE task_id = ? AND state IN ('dispatched', 'running')", (task_id,)
+                )
+            ]
+            for r in db.execute(
+                "SELECT * FROM sessions WHERE task_id = ? AND state IN ('pending', 'dispatched', 'running')", (task_id,)
+            ).fetchall():
+                result = failed_result(
+                    task_id, r["session_id"], r["sample_index"], "cancelled", "the task was cancelled"
+                )
+                db.execute(
+                    "UPDATE sessions SET state = 'cancelled', result = ?, updated_at = ? WHERE session_id = ?",
+                    (result.model_dump_json(), now, r["session_id"]),
+                )
+            db.execute("UPDATE tasks SET state = 'cancelled', updated_at = ? WHERE task_id = ?", (now, task_id))
+            self._queue_callback(db, task["callback_url"], "task_status", task_id, None, now)
+        return held
+
+    def result(self, session_id: str) -> SessionResult | None:
+        r = self._db.execute("SELECT result FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        return None if r is None or r["result"] is None else SessionResult.model_validate_json(r["result"])
+
+    # ---- nodes --------------------------------------------------------------------------------------------------
+
+    def upsert_node(self, node_id: str, url: str, token: str, run_slots: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO nodes VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT(node_id) DO UPDATE SET url = "
+                "excluded.url, token = excluded.token, run_slots = excluded.run_slots, registered_at = "
+                "excluded.registered_at",
+                (node_id, url, token, run_slots, time.time()),
+            )
+
+    @staticmethod
+    def _node(r: sqlite3.Row) -> NodeRow:
+        return NodeRow(r["node_id"], r["url"], r["token"], r["run_slots"], bool(r["draining"]))
+
+    def node(self, node_id: str) -> NodeRow | None:
+        r = self._db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return None if r is None else self._node(r)
+
+    def nodes(self) -> list[NodeRow]:
+        return [self._node(r) for r in self._db.execute("SELECT * FROM nodes ORDER BY node_id")]
+
+    def set_draining(self, node_id: str) -> None:
+        with self._tx() as db:
+            if db.execute("UPDATE nodes SET draining = 1 WHERE node_id = ?", (node_id,)).rowcount != 1:
+                raise SessionError(f"unknown node {node_id!r}")
+
+    # ---- trainer callbacks (the outbox) -------------------------------------------------------------------------
+
+    def due_callbacks(self, now: float, limit: int = 64) -> list[Callback]:
+        rows = self._db.execute(
+            "SELECT * FROM outbox WHERE delivered_at IS NULL AND next_at <= ? ORDER BY next_at, id LIMIT ?",
+            (now, limit),
+        )
+        return [
+            Callback(r["id"], r["key"], r["url"], r["kind"], r["task_id"], r["session_id"], r["attempts"]) for r in rows
+        ]
+
+    def callback_delivered(self, callback_id: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 WHERE id = ?", (time.time(), callback_id)
+            )
+
+    def callback_failed(self, callback_id: int, next_at: float, error: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_at = ?, last_error = ? WHERE id = ?",
+                (next_at, error[:500], callback_id),
+            )
+
+    def pending_callbacks(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+
+    def next_callback_at(self) -> float | None:
+        r = self._db.execute("SELECT MIN(next_at) FROM outbox WHERE delivered_at IS NULL").fetchone()
+        return None if r[0] is None else float(r[0])
+
+    # ---- meta ---------------------------------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        r = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if r is None else str(r[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value)
+            )

@@ -1,0 +1,155 @@
+"""Real ``polar serve`` processes on loopback for the service tests, a trainer callback receiver, and the task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from aiohttp import web
+
+from tests.gateway.test_node import task
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {
+    "server": {"heartbeat_interval_s": 0.3, "callbacks": {"initial_s": 0.1, "max_s": 0.5, "timeout_s": 5}},
+    "agent": {"retry": {"initial_s": 0.1, "max_s": 0.5, "timeout_s": 5}},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_config(tmp_path: Path, name: str, **extra: Any) -> Path:
+    """A topology file with fast heartbeats and retries (the tests exercise ``--config`` this way)."""
+    data: dict[str, Any] = json.loads(json.dumps(FAST))
+    data["gateway"] = {"scratch_root": str(tmp_path / "scratch"),
+                       "pipeline": {"init_workers": 2, "run_slots": 3, "postrun_workers": 2}}  # fmt: skip
+    for section, values in extra.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class Serve:
+    """One ``polar serve`` subprocess; ``info`` is its ``serve.json``."""
+
+    def __init__(self, data_dir: Path, *args: str) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.log = (data_dir / "serve.log").open("ab")
+        argv = [sys.executable, "-m", "polar_cli", "serve", "--data-dir", str(data_dir), *args]
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=data_dir)
+        self.info: dict[str, Any] = {}
+
+    async def ready(self, within: float = 60.0) -> dict[str, Any]:
+        path = self.data_dir / "serve.json"
+        end = time.monotonic() + within
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"polar serve exited {self.proc.returncode}: {self.output()}")
+            try:
+                info = json.loads(path.read_text())
+                if info.get("pid") == self.proc.pid:
+                    self.info = info
+                    return info
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > end:
+                raise AssertionError(f"polar serve did not start: {self.output()}")
+            await asyncio.sleep(0.05)
+
+    def output(self) -> str:
+        return (self.data_dir / "serve.log").read_text(errors="replace")[-3000:]
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def gateway(tmp_path: Path, name: str, server: dict[str, Any], config: Path, token: str) -> Serve:
+    return Serve(tmp_path / name, "--role", "gateway", "--port", "0", "--config", str(config),
+                 "--server", server["url"], "--server-token", server["token"], "--token", token)  # fmt: skip
+
+
+def waiting_task(task_id: str, samples: int, marker: Path | None = None, **extra: Any) -> dict[str, Any]:
+    """A shell-harness task whose agent (with ``marker``) waits until that file exists, then calls the proxy."""
+    data = task(task_id, {}, num_samples=samples, **extra).model_dump(mode="json")
+    if marker is not None:
+        command = data["agent"]["config"]["command"]
+        data["agent"]["config"]["command"] = f'while [ ! -e "{marker}" ]; do sleep 0.05; done; {command}'
+    return data
+
+
+def client(info: dict[str, Any], token: str | None = None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token or info['token']}"}
+    return httpx.AsyncClient(base_url=info["url"], headers=headers, timeout=60)
+
+
+async def until_true(check: Any, what: str, within: float = 90.0) -> Any:
+    """Poll the async ``check()`` until it returns something truthy."""
+    end = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def gateway_metrics(url: str, token: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+        response.raise_for_status()
+        return dict(response.json())
+
+
+class Receiver:
+    """A trainer's callback listener: records every POST by its Idempotency-Key."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/callback"
+        self.by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.by_key[request.headers["Idempotency-Key"]].append(await request.json())
+        return web.json_response({"ok": True})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/callback", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
