@@ -18,8 +18,9 @@
     ├── EvaluationError              an evaluator failed
     ├── SessionError                 a session is unknown, cancelled or in the wrong state
     │   └── SessionExistsError       a session (or task) id that is already taken
-    └── AuthError                    a control call without the right token
-        └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
+    ├── AuthError                    a control call without the right token
+    │   └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
+    └── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
@@ -131,6 +132,12 @@ class ForbiddenError(AuthError):
     """A control call whose token is valid but not for what it asks (a node reporting another node's session)."""
 
     http_status = 403
+
+
+class ServiceUnavailableError(PolarError):
+    """A Polar server cannot be reached: connection refused, timed out or broken (worth retrying later)."""
+
+    http_status = 503
 
 
 def brief(value: Any, limit: int = 80) -> str:
