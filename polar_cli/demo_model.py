@@ -1,10 +1,11 @@
 """A tiny, deterministic, offline demo tokenizer and random-weight causal LM.
 
 Used to run a real inference server (vLLM on the CPU) in tests without downloading weights. Top-level imports are
-stdlib only so that the file can be run by path from another virtual environment::
+stdlib only so that the file can be run by path from another virtual environment (``-P`` keeps the folder
+out of ``sys.path``: polar_cli/http.py would shadow the standard library's ``http``)::
 
-    python polar_cli/demo_model.py tokenizer OUT_DIR   # needs `tokenizers` + `transformers`
-    python polar_cli/demo_model.py model OUT_DIR       # also needs `torch`
+    python -P polar_cli/demo_model.py tokenizer OUT_DIR   # needs `tokenizers` + `transformers`
+    python -P polar_cli/demo_model.py model OUT_DIR       # also needs `torch`
 """
 
 from __future__ import annotations

@@ -59,8 +59,9 @@ def _python() -> Path:
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model (tokenizer, chat template, random weights) that vLLM serves."""
     model_dir = tmp_path_factory.mktemp("vllm-demo-model")
+    # -P: the script's folder (polar_cli/, which has an http.py) must not shadow the standard library
     subprocess.run(
-        [str(_python()), str(ROOT / "polar_cli" / "demo_model.py"), "model", str(model_dir)],
+        [str(_python()), "-P", str(ROOT / "polar_cli" / "demo_model.py"), "model", str(model_dir)],
         check=True,
         capture_output=True,
     )
