@@ -17,7 +17,8 @@
     ├── EvaluationError              an evaluator failed
     ├── SessionError                 a session is unknown, cancelled or in the wrong state
     │   └── SessionExistsError       a session (or task) id that is already taken
-    └── AuthError                    a control call without the right token
+    ├── AuthError                    a control call without the right token
+    └── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
@@ -113,3 +114,9 @@ class AuthError(PolarError):
     """A control call without the right token."""
 
     http_status = 401
+
+
+class ServiceUnavailableError(PolarError):
+    """A Polar server cannot be reached: connection refused, timed out or broken (worth retrying later)."""
+
+    http_status = 503

@@ -23,7 +23,7 @@ from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.registry import get_harness
 
-STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "cancelled": "magenta"}
+STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "failed": "red", "cancelled": "magenta"}
 
 
 def build_task(path: Path | None, overrides: dict[str, Any]) -> TaskRequest:
@@ -52,22 +52,40 @@ def _short(text: str | None, limit: int = 70) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+RESULT_COLUMNS = ("status", "reward", "completions", "traces", "trainable tokens", "seconds", "error")
+
+
+def add_result_columns(table: Table) -> None:
+    """The columns ``result_cells`` fills."""
+    for column in RESULT_COLUMNS:
+        table.add_column(column, justify="left" if column in ("status", "error") else "right")
+
+
+def styled(status: str) -> str:
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def result_cells(r: SessionResult) -> list[str]:
+    """One SessionResult as the cells of ``RESULT_COLUMNS``."""
+    return [
+        styled(r.status),
+        "-" if r.reward is None else f"{r.reward:g}",
+        str(r.num_completions),
+        str(len(r.trajectory.traces)),
+        str(sum(t.trainable_tokens for t in r.trajectory.traces)),
+        f"{r.stage_seconds.get('total', 0.0):.1f}",
+        _short(r.error),
+    ]
+
+
 def summary_table(results: list[SessionResult]) -> Table:
+    """One row per session: status, reward, completions, traces, trainable tokens, seconds, error."""
     table = Table(title="sessions")
-    for column in ("session", "status", "reward", "completions", "traces", "trainable tokens", "seconds", "error"):
-        table.add_column(column, justify="left" if column in ("session", "status", "error") else "right")
+    table.add_column("session")
+    add_result_columns(table)
     for r in results:
-        style = STATUS_STYLE.get(r.status, "")
-        table.add_row(
-            r.session_id,
-            f"[{style}]{r.status}[/{style}]" if style else r.status,
-            "-" if r.reward is None else f"{r.reward:g}",
-            str(r.num_completions),
-            str(len(r.trajectory.traces)),
-            str(sum(t.trainable_tokens for t in r.trajectory.traces)),
-            f"{r.stage_seconds.get('total', 0.0):.1f}",
-            _short(r.error),
-        )
+        table.add_row(r.session_id, *result_cells(r))
     return table
 
 

@@ -2,6 +2,17 @@
 
 from polar_cli.models.base import StrictModel, validate_model
 from polar_cli.models.completion import Completion, Provider, TokenSource
+from polar_cli.models.service import (
+    TERMINAL_TASK_STATES,
+    TRAINER_CALLBACK,
+    NodeLoad,
+    NodeStatus,
+    ServiceStatus,
+    SessionResultCallback,
+    SubmitAnswer,
+    TaskStatusCallback,
+    TrainerCallback,
+)
 from polar_cli.models.session import SessionResult, TaskState, TaskStatus
 from polar_cli.models.task import (
     AgentSpec,
@@ -15,22 +26,31 @@ from polar_cli.models.task import (
 from polar_cli.models.trace import TokenLogprob, Trace, Trajectory, TrajectoryStatus
 
 __all__ = [
+    "TERMINAL_TASK_STATES",
+    "TRAINER_CALLBACK",
     "AgentSpec",
     "BuilderSpec",
     "Completion",
     "EvaluatorSpec",
     "Mount",
+    "NodeLoad",
+    "NodeStatus",
     "PrepareAction",
     "Provider",
     "RuntimeSpec",
+    "ServiceStatus",
     "SessionResult",
+    "SessionResultCallback",
     "StrictModel",
+    "SubmitAnswer",
     "TaskRequest",
     "TaskState",
     "TaskStatus",
+    "TaskStatusCallback",
     "TokenLogprob",
     "TokenSource",
     "Trace",
+    "TrainerCallback",
     "Trajectory",
     "TrajectoryStatus",
     "validate_model",

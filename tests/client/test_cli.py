@@ -1,0 +1,72 @@
+"""``polar submit`` and ``polar status`` against a real ``polar serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from polar_cli.cli import build_app
+from polar_cli.models import ServiceStatus, TaskStatus
+from tests.client.conftest import Served
+from tests.gateway.test_node import task
+
+WIDE = {"COLUMNS": "200"}
+
+
+def write_task(path: Path, task_id: str, env: dict[str, str]) -> Path:
+    path.write_text(json.dumps(task(task_id, env).model_dump(mode="json")))
+    return path
+
+
+def test_submit_wait_summarizes_sessions_and_status_shows_the_service(served: Served, tmp_path: Path) -> None:
+    task_file = write_task(tmp_path / "task.json", "cli-ok", {})
+    server = ["--server", served.url, "--token", served.token]
+    result = CliRunner().invoke(build_app(), ["submit", str(task_file), *server, "--samples", "2", "--wait"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == "cli-ok"  # the task id first, for scripts
+    assert "trainable tokens" in result.stdout and result.stdout.count("completed") >= 2
+    assert "task cli-ok: completed, 2 completed, 0 failed of 2" in result.stderr
+
+    overview = CliRunner().invoke(build_app(), ["status", *server], env=WIDE)
+    assert overview.exit_code == 0, overview.output
+    assert "tasks" in overview.stdout and "nodes" in overview.stdout and "healthy" in overview.stdout
+    assert "pending sessions: 0" in overview.stdout
+    as_json = CliRunner().invoke(build_app(), ["status", *server, "--json"], env=WIDE)
+    service = ServiceStatus.model_validate_json(as_json.stdout)
+    assert service.tasks["completed"] >= 1 and len(service.nodes) >= 1
+
+    one = CliRunner().invoke(build_app(), ["status", "cli-ok", *server], env=WIDE)
+    assert one.exit_code == 0, one.output
+    assert "task cli-ok: completed" in one.stdout and one.stdout.count("finished") == 2
+    one_json = CliRunner().invoke(build_app(), ["status", "cli-ok", *server, "--json"], env=WIDE)
+    assert TaskStatus.model_validate_json(one_json.stdout).completed == 2
+
+
+def test_submit_wait_exits_1_when_a_session_errored(served: Served, tmp_path: Path) -> None:
+    task_file = write_task(tmp_path / "crash.json", "cli-crash", {"CALLS": "1", "CRASH": "boom"})
+    env = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_SERVER": served.url, "POLAR_TOKEN": served.token, **WIDE}
+    run = subprocess.run([sys.executable, "-m", "polar_cli", "submit", str(task_file), "--wait"],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert run.stdout.splitlines()[0] == "cli-crash" and "error" in run.stdout
+    assert "exited with status 1" in run.stdout and "Traceback" not in run.stderr
+
+
+def test_cli_errors_are_one_line(served: Served, tmp_path: Path) -> None:
+    env = {**os.environ, "POLAR_LOAD_PLUGINS": ""}
+    unknown = subprocess.run([sys.executable, "-m", "polar_cli", "status", "nope", "--server", served.url,
+                              "--token", served.token], capture_output=True, text=True, env=env)  # fmt: skip
+    assert unknown.returncode == 1 and "HTTP 404" in unknown.stderr and "Traceback" not in unknown.stderr
+    wrong = subprocess.run([sys.executable, "-m", "polar_cli", "status", "--server", served.url, "--token", "wrong"],
+                           capture_output=True, text=True, env=env)  # fmt: skip
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task_id: x\ninstruction: y\nagent: {harness: shell}\nnum_sample: 3\n")
+    invalid = subprocess.run([sys.executable, "-m", "polar_cli", "submit", str(bad), "--server", served.url],
+                             capture_output=True, text=True, env=env)  # fmt: skip
+    assert invalid.returncode == 2 and "unknown field 'num_sample'" in invalid.stderr
