@@ -1,0 +1,7 @@
+"""placeholder"""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
