@@ -116,6 +116,20 @@ class Ledger:
         self.db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?)", (task.task_id, position, group, task.model_dump_json()))
         return task
 
+    def task(self, task_id: str) -> TaskRequest:
+        row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise ConfigError(f"{self.path}: no task {task_id!r}")
+        return TaskRequest.model_validate_json(row[0])
+
+    def task_field(self, field: str) -> dict[str, str]:
+        """Each task's metadata ``field`` (or its ``task_id``) as text, ``-`` where it has none."""
+        if field == "task_id":
+            return {t: t for (t,) in self.db.execute("SELECT task_id FROM tasks")}
+        path = '$.metadata."' + field.replace('"', "") + '"'
+        query = "SELECT task_id, json_extract(request, ?) FROM tasks"
+        return {t: "-" if v is None else str(v) for t, v in self.db.execute(query, (path,))}
+
     def task_count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
 
