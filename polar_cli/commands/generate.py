@@ -62,8 +62,10 @@ def group_table(stats: list[GroupStats], group_by: str) -> Table:
 def generate_command(
     dataset: str = typer.Option(..., "--dataset", help="Dataset plugin: demo, tasks_file, hf, ..."),
     out: Annotated[Path, typer.Option("--out", help="Output folder (ledger.db, service data); resumable.")] = ...,  # type: ignore[assignment]
-    dataset_option: Annotated[list[str] | None, typer.Option("--dataset-option", "-O",
-                              help="A dataset option key=value (repeatable; dotted keys nest).")] = None,  # fmt: skip
+    dataset_option: Annotated[
+        list[str] | None,
+        typer.Option("--dataset-option", "-O", help="A dataset option key=value (repeatable; dotted keys nest)."),
+    ] = None,
     dataset_config: Annotated[Path | None, typer.Option("--dataset-config", help="Dataset options, YAML.")] = None,
     harness: str | None = typer.Option(None, "--harness", help="Override agent.harness (e.g. pi)."),
     model: str | None = typer.Option(None, "--model", help="Override agent.model_name; upstream model name."),
@@ -146,7 +148,9 @@ def report(out: Path, group_by: str) -> None:
     with open_ledger(out, must_exist=True) as ledger:
         rows = ledger.rows()
         console.print(group_table(group_stats(rows), group_by))
-        failed = [SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"]
+        failed = [
+            SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
+        ]
     if failed:
         table = summary_table(failed[:20])
         table.title = f"failed sessions ({len(failed)}{', first 20' if len(failed) > 20 else ''})"

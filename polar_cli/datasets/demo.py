@@ -24,7 +24,9 @@ def _call(n: int, name: str, **arguments: Any) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}],
+        "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        ],
     }
 
 

@@ -2,7 +2,8 @@
 file, loaded with ``datasets``.
 
 Each row becomes one TaskRequest: ``instruction`` and ``task_id`` are Jinja2 templates over the row's fields (plus
-``_index``, the row number); ``metadata_fields`` copies columns into the task's metadata (``{key: column}``); ``task``
+``_index``, the row number); ``json_fields`` are parsed from JSON text first (e.g. a scripted-backend script);
+``metadata_fields`` copies columns into the task's metadata (``{key: column}``); ``task``
 is a partial TaskRequest (runtime, agent, evaluator, builder, timeout...) whose string values are templates too, so a
 row can carry its own test command or image. Templates are compiled, and the columns they name checked, before any
 task runs; an undefined field is an error naming it.
@@ -10,6 +11,7 @@ task runs; an undefined field is an error naming it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ class HFDatasetOptions(StrictModel):
     instruction: str = Field(description="Jinja2 template of the instruction, over the row's fields")
     task_id: str = Field(default="row-{{ _index }}", description="Jinja2 template of the task id")
     metadata_fields: dict[str, str] = Field(default_factory=dict, description="metadata key -> column copied")
+    json_fields: list[str] = Field(default_factory=list, description="columns holding JSON text, parsed first")
     task: dict[str, Any] = Field(default_factory=dict, description="partial TaskRequest; string values are templates")
 
     _templates = field_validator("instruction", "task_id")(_check_template)
@@ -108,11 +111,16 @@ class HFDataset(Dataset):
             if missing:
                 raise ConfigError(f"dataset 'hf': template {text!r} names unknown field(s) {sorted(missing)}; "
                                   f"columns: {sorted(columns - {'_index'})}")  # fmt: skip
-        absent = sorted(set(options.metadata_fields.values()) - columns)
+        absent = sorted((set(options.metadata_fields.values()) | set(options.json_fields)) - columns)
         if absent:
             raise ConfigError(f"dataset 'hf': metadata_fields names unknown column(s) {absent}")
         for index, row in enumerate(rows):
             row = {**row, "_index": index}
+            for column in options.json_fields:
+                try:
+                    row[column] = json.loads(row[column]) if isinstance(row[column], str) else row[column]
+                except ValueError as exc:
+                    raise ConfigError(f"dataset 'hf' row {index}: {column} is not JSON: {exc}") from exc
             data = _render(options.task, row)
             data["instruction"] = _render(options.instruction, row)
             data["task_id"] = _render(options.task_id, row)

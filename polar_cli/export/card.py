@@ -38,7 +38,9 @@ def dataset_card(*, license: str, splits: dict[str, dict[str, int]], stats: Sequ
         f"{s.trainable_tokens} | {s.mean_turns:.1f} |"
         for s in stats
     )
-    counts = "\n".join(f"| {config} | {split} | {n} |" for config, c in splits.items() for split, n in sorted(c.items()))
+    counts = "\n".join(
+        f"| {config} | {split} | {n} |" for config, c in splits.items() for split, n in sorted(c.items())
+    )
     return f"""---
 {yaml.safe_dump(header, sort_keys=False).strip()}
 ---

@@ -8,11 +8,12 @@ place at the end, so a crash never leaves half a dataset under ``to``.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import Field
@@ -21,7 +22,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
 from polar_cli.export.parquet import ShardedWriter
 from polar_cli.export.split import stratified_test_keys
-from polar_cli.generate.ledger import Ledger, ResultRow, open_ledger
+from polar_cli.generate.ledger import ResultRow, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
 
@@ -136,7 +137,19 @@ def message_row(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> dict[
             "num_turns": result.get("num_completions", 0), "metadata": info.metadata}  # fmt: skip
 
 
-def _plan(ledger: Ledger, options: ExportOptions) -> tuple[dict[tuple[str, int], str], list[ResultRow]]:
+class ExportSource(Protocol):
+    """What export reads: a ``Ledger`` (``bench/export.py`` streams synthetic results through the same interface)."""
+
+    def rows(self) -> list[ResultRow]: ...
+
+    def results(self) -> Iterator[tuple[ResultRow, bytes]]: ...
+
+    def task(self, task_id: str) -> TaskRequest: ...
+
+    def task_field(self, field: str) -> dict[str, str]: ...
+
+
+def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str, int], str], list[ResultRow]]:
     """Each exported session's split, from the summary columns alone."""
     rows = ledger.rows()
     strata = ledger.task_field(options.stratify_by) if options.test_size else {}
@@ -149,15 +162,17 @@ def _plan(ledger: Ledger, options: ExportOptions) -> tuple[dict[tuple[str, int],
     return plan, [r for r in rows if (r.task_id, r.sample_index) in plan]
 
 
-def export(source: Path, to: Path, options: ExportOptions | None = None, *, batch_rows: int = 512) -> ExportReport:
-    """Write ``source``'s final results as a HuggingFace dataset folder at ``to``."""
+def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
+           batch_rows: int = 512) -> ExportReport:  # fmt: skip
+    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``."""
     options = options or ExportOptions()
     occupied = to.exists() and (not to.is_dir() or any(to.iterdir()))
     if occupied and not options.overwrite:
         raise ConfigError(f"{to} exists and is not empty (--overwrite replaces it)")
     staging = to.with_name(f".{to.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
-    with open_ledger(source, must_exist=True) as ledger:
+    with contextlib.ExitStack() as stack:
+        ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
         plan, exported = _plan(ledger, options)
         writers: dict[tuple[str, str], ShardedWriter] = {}
 

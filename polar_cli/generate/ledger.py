@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -67,7 +68,10 @@ class Attempt:
     """None while it runs (or ran when the process died)."""
 
 
-SUMMARY = "task_id, sample_index, session_id, grp, attempts, status, reward, accepted, trainable_tokens, tokens, turns, traces"
+SUMMARY = (
+    "task_id, sample_index, session_id, grp, attempts, status, reward, accepted, trainable_tokens, tokens, turns, "
+    "traces"
+)
 
 
 class Ledger:
@@ -113,7 +117,9 @@ class Ledger:
         row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task.task_id,)).fetchone()
         if row is not None:
             return TaskRequest.model_validate_json(row[0])
-        self.db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?)", (task.task_id, position, group, task.model_dump_json()))
+        self.db.execute(
+            "INSERT INTO tasks VALUES (?, ?, ?, ?)", (task.task_id, position, group, task.model_dump_json())
+        )
         return task
 
     def task(self, task_id: str) -> TaskRequest:
@@ -196,11 +202,12 @@ class Ledger:
                 yield _row(values[:-1]), bytes(values[-1])
 
 
-def _row(values: tuple[object, ...]) -> ResultRow:
-    (task_id, sample, session, group, attempts, status, reward, accepted, trainable, tokens, turns, traces) = values
-    return ResultRow(str(task_id), int(sample), str(session), str(group), int(attempts), str(status),  # type: ignore[arg-type]
-                     None if reward is None else float(reward), bool(accepted), int(trainable), int(tokens),  # type: ignore[arg-type]
-                     int(turns), int(traces))  # type: ignore[arg-type]  # fmt: skip
+def _row(values: tuple[Any, ...]) -> ResultRow:
+    task_id, sample, session, group, attempts, status, reward, accepted, trainable, tokens, turns, traces = values
+    return ResultRow(
+        str(task_id), int(sample), str(session), str(group), int(attempts), str(status),
+        None if reward is None else float(reward), bool(accepted), int(trainable), int(tokens), int(turns), int(traces),
+    )  # fmt: skip
 
 
 def open_ledger(out: Path, *, must_exist: bool = False) -> Ledger:

@@ -54,8 +54,9 @@ class GenerateOptions(StrictModel):
 
     def recipe(self) -> dict[str, Any]:
         """What must not change between a run and its resumption."""
-        return self.model_dump(mode="json", include={"dataset", "dataset_options", "harness", "model", "samples",
-                                                     "timeout_seconds", "builder", "limit", "accept_min_reward"})  # fmt: skip
+        fixed = {"dataset", "dataset_options", "harness", "model", "samples", "timeout_seconds", "builder", "limit",
+                 "accept_min_reward"}  # fmt: skip
+        return self.model_dump(mode="json", include=fixed)
 
     def overrides(self) -> dict[str, Any]:
         return {"agent.harness": self.harness, "agent.model_name": self.model, "num_samples": self.samples,
@@ -107,7 +108,8 @@ async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
     ready: asyncio.Future[ServeInfo] = asyncio.get_running_loop().create_future()
     runner = asyncio.create_task(serve(config, on_ready=ready.set_result), name="polar-generate-serve")
     try:
-        await asyncio.wait({ready, runner}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: list[asyncio.Future[Any]] = [ready, runner]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             runner.result()  # raises what stopped it
             raise PolarError("the embedded rollout service stopped before it was ready")

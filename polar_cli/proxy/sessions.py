@@ -38,6 +38,9 @@ class Session:
     created_at: float
     journal: Journal | None = None
     count: int = 0
+    first_record: int = 0
+    """Records the journal already held when this session was created (an earlier run of the same session id, e.g.
+    one lost with a killed gateway): they are not this run's completions."""
     memory: list[bytes] = field(default_factory=list)  # JSON lines, as a journal would hold them
 
     def summary(self, base_url: str | None) -> dict[str, Any]:
@@ -86,7 +89,7 @@ class SessionRegistry:
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time())
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
-            session.count = session.journal.existing_lines()
+            session.count = session.first_record = session.journal.existing_lines()
         self._sessions[session_id] = session
         return session
 
@@ -122,12 +125,12 @@ class SessionRegistry:
     def completions_json(self, session_id: str) -> bytes:
         """The session's completions as one JSON array, in order, without re-parsing the journal."""
         session = self.get(session_id)
-        lines = session.journal.read_raw() if session.journal is not None else session.memory
+        lines = session.journal.read_raw()[session.first_record :] if session.journal is not None else session.memory
         return b"[" + b",".join(lines) + b"]"
 
     def get_completions(self, session_id: str) -> list[Completion]:
         session = self.get(session_id)
-        lines = session.journal.read_raw() if session.journal is not None else session.memory
+        lines = session.journal.read_raw()[session.first_record :] if session.journal is not None else session.memory
         return [Completion.model_validate(orjson.loads(line)) for line in lines]
 
     async def close_session(self, session_id: str) -> Session:
