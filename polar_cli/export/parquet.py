@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -45,7 +46,7 @@ class ShardedWriter:
     config: str
     split: str
     batch_rows: int = 512
-    batch_tokens: int = 8_000_000
+    batch_tokens: int = 4_000_000
     shard_tokens: int = 256_000_000
     rows: int = 0
     files: list[Path] = field(default_factory=list)
@@ -57,10 +58,15 @@ class ShardedWriter:
     def __post_init__(self) -> None:
         self.schema = SCHEMAS[self.config]
         self._columns = {name: [] for name in self.schema.names}
+        # token columns are turned into numpy arrays row by row: a buffered token costs its bytes, not a Python int
+        self._numeric = {f.name: f.type.value_type.to_pandas_dtype() for f in self.schema
+                         if pa.types.is_list(f.type) and pa.types.is_primitive(f.type.value_type)}  # fmt: skip
 
     def add(self, row: dict[str, Any], tokens: int = 0) -> None:
         for name, values in self._columns.items():
-            values.append(row.get(name))
+            value = row.get(name)
+            dtype = self._numeric.get(name)
+            values.append(value if dtype is None or value is None else np.asarray(value, dtype=dtype))
         self._buffered += 1
         self._buffered_tokens += tokens
         self.rows += 1
@@ -70,9 +76,7 @@ class ShardedWriter:
     def flush(self) -> None:
         if not self._buffered:
             return
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(self._columns[f.name], type=f.type) for f in self.schema], schema=self.schema
-        )
+        batch = pa.RecordBatch.from_arrays([self._array(f) for f in self.schema], schema=self.schema)
         shard = self._open()
         shard.writer.write_batch(batch)
         shard.tokens += self._buffered_tokens
@@ -82,6 +86,19 @@ class ShardedWriter:
         if shard.tokens >= self.shard_tokens:
             shard.writer.close()
             self._shard = None
+
+    def _array(self, f: pa.Field) -> pa.Array:
+        values = self._columns[f.name]
+        if f.name not in self._numeric:
+            return pa.array(values, type=f.type)
+        lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int32, count=len(values))
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = [v for v in values if v is not None]
+        data = np.concatenate(flat) if flat else np.zeros(0, dtype=self._numeric[f.name])
+        mask = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(data, type=f.type.value_type),
+                                        type=f.type, mask=pa.array(mask) if mask.any() else None)  # fmt: skip
 
     def _open(self) -> _Shard:
         if self._shard is None:
