@@ -33,3 +33,19 @@ def read_data_file(path: str | Path) -> Any:
 def load_model_file(model: type[M], path: str | Path) -> M:
     """Read and validate one config file as ``model``; a bad field is named together with the file."""
     return validate_model(model, read_data_file(path), source=str(path))
+
+
+def set_dotted(data: dict[str, Any], overrides: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """Apply ``overrides`` (dotted keys, e.g. ``agent.harness``; None = not given) to ``data`` in place."""
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = target.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: {key} must be a mapping")
+            target = node
+        target[leaf] = value
+    return data

@@ -20,7 +20,8 @@
     │   └── SessionExistsError       a session (or task) id that is already taken
     ├── AuthError                    a control call without the right token
     │   └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
-    └── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
+    ├── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
+    └── HubError                     the HuggingFace Hub refused or failed an upload (``polar push-hub``)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
@@ -138,6 +139,12 @@ class ServiceUnavailableError(PolarError):
     """A Polar server cannot be reached: connection refused, timed out or broken (worth retrying later)."""
 
     http_status = 503
+
+
+class HubError(PolarError):
+    """The HuggingFace Hub refused or failed an operation (no token, offline mode, an existing repo, an HTTP error)."""
+
+    http_status = 502
 
 
 def brief(value: Any, limit: int = 80) -> str:

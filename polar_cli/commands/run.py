@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from polar_cli.config import read_data_file
+from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
@@ -34,17 +34,7 @@ def build_task(path: Path | None, overrides: dict[str, Any]) -> TaskRequest:
         raise ConfigError(f"{path}: a task file holds one mapping (a TaskRequest), not {type(data).__name__}")
     if path is None:
         data.setdefault("task_id", f"run-{secrets.token_hex(3)}")
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        target = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = target.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{path or 'polar run'}: {key} must be a mapping")
-            target = node
-        target[leaf] = value
+    set_dotted(data, overrides, source=str(path or "polar run"))
     return validate_model(TaskRequest, data, source=str(path) if path else "polar run")
 
 

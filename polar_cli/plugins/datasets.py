@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from polar_cli.config import read_data_file
+from polar_cli.datasets.demo import DemoDataset
+from polar_cli.datasets.hf import HFDataset
 from polar_cli.errors import ConfigError
 from polar_cli.hookspecs import Register, hookimpl
 from polar_cli.interfaces import Dataset
-from polar_cli.models import TaskRequest, validate_model
+from polar_cli.models import StrictModel, TaskRequest, validate_model
+
+
+class TaskFileOptions(StrictModel):
+    """Options of the ``tasks_file`` dataset."""
+
+    path: str
 
 
 class TaskFileDataset(Dataset):
@@ -19,6 +27,7 @@ class TaskFileDataset(Dataset):
 
     name = "tasks_file"
     description = "TaskRequests from a JSONL, JSON or YAML file (config: path)"
+    options = TaskFileOptions
 
     def tasks(self, **config: Any) -> Iterator[TaskRequest]:
         raw_path = config.get("path")
@@ -48,3 +57,5 @@ class TaskFileDataset(Dataset):
 @hookimpl
 def register_datasets(register: Register) -> None:
     register(TaskFileDataset())
+    register(DemoDataset())
+    register(HFDataset())

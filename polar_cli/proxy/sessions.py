@@ -74,6 +74,9 @@ class Session:
     journal: Journal | None = None
     count: int = 0
     """The next completion index: the largest index on disk + 1 (ids are unique forever, gaps or not)."""
+    first_record: int = 0
+    """Records the journal already held when this session was created (an earlier run of the same session id, e.g.
+    one lost with a killed gateway): they are not this run's completions."""
     memory: list[bytes] = field(default_factory=list)  # JSON lines, as a journal would hold them
     deadline: float | None = None
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
@@ -126,6 +129,7 @@ class SessionRegistry:
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
             session.count = session.journal.next_index
+            session.first_record = len(session.journal.read_raw())
         self._sessions[session_id] = session
         return session
 
@@ -168,14 +172,14 @@ class SessionRegistry:
     def completions_json(self, session_id: str) -> bytes:
         """The session's completions as one JSON array, in order (journal lines that are not records are skipped)."""
         session = self.get(session_id)
-        lines = session.journal.read_raw() if session.journal is not None else session.memory
+        lines = session.journal.read_raw()[session.first_record :] if session.journal is not None else session.memory
         return b"[" + b",".join(lines) + b"]"
 
     def get_completions(self, session_id: str) -> list[Completion]:
         """The session's Completions, in order; a line that does not validate is skipped and logged."""
         session = self.get(session_id)
         if session.journal is not None:
-            return validate_lines(session.journal.read_raw(), session.journal.path)
+            return validate_lines(session.journal.read_raw()[session.first_record :], session.journal.path)
         return validate_lines(session.memory, f"session {session_id} (in memory)")
 
     async def close_session(self, session_id: str) -> Session:

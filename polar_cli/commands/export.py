@@ -1,0 +1,58 @@
+"""``polar export DIR --to OUT`` (a HuggingFace dataset folder) and ``polar push-hub OUT REPO_ID``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from polar_cli.export import ExportOptions, export
+from polar_cli.export.hub import push_to_hub
+from polar_cli.models import validate_model
+
+
+def export_command(
+    source: Annotated[Path, typer.Argument(help="A polar generate output folder.")],
+    to: Annotated[Path, typer.Option("--to", help="The dataset folder to write.")],
+    accepted_only: bool = typer.Option(False, "--accepted-only", help="Only accepted sessions."),
+    min_reward: float | None = typer.Option(None, "--min-reward", help="Only sessions with at least this reward."),
+    keep_rejected: bool = typer.Option(False, "--keep-rejected", help="Filtered-out rows go to a 'rejected' split."),
+    test_size: float = typer.Option(0.0, "--test-size", help="Fraction of each group's sessions for a test split."),
+    stratify_by: str = typer.Option("repo", "--stratify-by", help="Task metadata field the split stratifies by."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split."),
+    license: str = typer.Option("other", "--license", help="The dataset card's license."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
+) -> None:
+    """Export generated sessions as a HuggingFace dataset: configs 'traces' and 'messages', parquet, a card."""
+    options = validate_model(ExportOptions, {
+        "accepted_only": accepted_only, "min_reward": min_reward, "keep_rejected": keep_rejected,
+        "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,
+        "overwrite": overwrite}, source="polar export")  # fmt: skip
+    report = export(source, to, options)
+    table = Table(title=f"exported to {to}")
+    for column in ("config", "split", "rows"):
+        table.add_column(column, justify="right" if column == "rows" else "left")
+    for config, splits in report.rows.items():
+        for split, rows in sorted(splits.items()):
+            table.add_row(config, split, str(rows))
+    Console().print(table)
+    typer.echo(f'load it: datasets.load_dataset("{to}", "traces")   push it: polar push-hub {to} USER/NAME')
+
+
+def push_hub_command(
+    folder: Annotated[Path, typer.Argument(help="A folder written by polar export.")],
+    repo_id: Annotated[str, typer.Argument(help="The dataset repo, e.g. user/name.")],
+    private: bool = typer.Option(False, "--private", help="Create the repo private."),
+    token: str | None = typer.Option(None, "--token", help="HuggingFace token (default: HF_TOKEN or the saved one)."),
+    exist_ok: bool = typer.Option(False, "--exist-ok", help="Upload into the repo if it already exists."),
+) -> None:
+    """Upload an exported dataset folder to the HuggingFace Hub and print its URL."""
+    typer.echo(push_to_hub(folder, repo_id, private=private, token=token, exist_ok=exist_ok))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)
+    app.command("push-hub")(push_hub_command)

@@ -1,0 +1,162 @@
+"""``polar generate --dataset NAME --out DIR``: run a dataset's tasks on the rollout service (embedded, or
+``--server URL``) into a resumable folder, with live progress and a per-group acceptance table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from polar_cli.commands.run import summary_table
+from polar_cli.config import read_data_file, set_dotted
+from polar_cli.errors import ConfigError
+from polar_cli.gateway.config import PipelineConfig
+from polar_cli.generate import GenerateOptions, GenerateProgress, GroupStats, embedded_serve_config, generate
+from polar_cli.generate.ledger import open_ledger
+from polar_cli.models import SessionResult, validate_model
+from polar_cli.proxy.config import ProxyConfig
+from polar_cli.registry import get_harness
+from polar_cli.server.launch import ServeInfo
+
+
+def parse_dataset_options(path: Path | None, pairs: list[str]) -> dict[str, Any]:
+    """``--dataset-config FILE`` (a YAML/JSON mapping) with each ``--dataset-option key=value`` on top (dotted keys
+    nest; values are read as YAML scalars/lists: ``limit=3``, ``tasks=[a, b]``)."""
+    data: Any = read_data_file(path) if path is not None else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: dataset options are one mapping, not {type(data).__name__}")
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--dataset-option {pair!r}: use key=value")
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            parsed = value
+        set_dotted(data, {key: parsed}, source="--dataset-option")
+    return data
+
+
+def group_table(stats: list[GroupStats], group_by: str) -> Table:
+    """The paper's Table 2: per group, attempts, accepted and the acceptance rate."""
+    table = Table(title=f"acceptance by {group_by}")
+    for column in (group_by, "tasks", "sessions", "attempts", "accepted", "rate", "failed", "trainable tokens",
+                   "turns/session"):  # fmt: skip
+        table.add_column(column, justify="left" if column == group_by else "right")
+    for s in stats:
+        style = "bold" if s is stats[-1] else ""
+        table.add_row(s.group, str(s.tasks), str(s.sessions), str(s.attempts), str(s.accepted), f"{s.rate:.1%}",
+                      str(s.failed), str(s.trainable_tokens), f"{s.mean_turns:.1f}", style=style)  # fmt: skip
+    return table
+
+
+def generate_command(
+    dataset: str = typer.Option(..., "--dataset", help="Dataset plugin: demo, tasks_file, hf, ..."),
+    out: Annotated[Path, typer.Option("--out", help="Output folder (ledger.db, service data); resumable.")] = ...,  # type: ignore[assignment]
+    dataset_option: Annotated[
+        list[str] | None,
+        typer.Option("--dataset-option", "-O", help="A dataset option key=value (repeatable; dotted keys nest)."),
+    ] = None,
+    dataset_config: Annotated[Path | None, typer.Option("--dataset-config", help="Dataset options, YAML.")] = None,
+    harness: str | None = typer.Option(None, "--harness", help="Override agent.harness (e.g. pi)."),
+    model: str | None = typer.Option(None, "--model", help="Override agent.model_name; upstream model name."),
+    samples: int | None = typer.Option(None, "--samples", help="Sessions per task (num_samples)."),
+    limit: int | None = typer.Option(None, "--limit", help="The first N tasks only."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Sessions in flight at once."),
+    max_retries: int = typer.Option(1, "--max-retries", help="Re-runs of a session that errs or yields no tokens."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Override timeout_seconds per session."),
+    builder: str | None = typer.Option(None, "--builder", help="Override builder.strategy."),
+    group_by: str = typer.Option("repo", "--group-by", help="Task metadata field the table groups by."),
+    accept_min_reward: float = typer.Option(1.0, "--accept-min-reward", help="Reward at which a session counts."),
+    server: str | None = typer.Option(None, "--server", help="A running polar serve (default: embedded)."),
+    token: str | None = typer.Option(None, "--token", envvar="POLAR_TOKEN", help="--server's token."),
+    backend: str = typer.Option("scripted", "--backend", help="Embedded: vllm, sglang, openai, scripted."),
+    backend_url: str | None = typer.Option(None, "--backend-url", help="Embedded: inference server URL."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Embedded: HF tokenizer dir or id."),
+    run_slots: int | None = typer.Option(None, "--run-slots", help="Embedded: harnesses at once (default: C)."),
+    install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
+) -> None:
+    """Generate rollouts for a dataset's tasks into DIR; run it again to resume after a crash or Ctrl-C."""
+    logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
+    options = validate_model(GenerateOptions, {
+        "dataset": dataset, "dataset_options": parse_dataset_options(dataset_config, dataset_option or []),
+        "harness": harness, "model": model, "samples": samples, "limit": limit, "concurrency": concurrency,
+        "max_retries": max_retries, "timeout_seconds": timeout, "builder": builder, "group_by": group_by,
+        "accept_min_reward": accept_min_reward}, source="polar generate")  # fmt: skip
+    target: Any = server
+    if server is None:
+        proxy = validate_model(ProxyConfig, {"backend": backend, "backend_url": backend_url, "model": model,
+                                             "tokenizer": tokenizer}, source="polar generate")  # fmt: skip
+        proxy.backend_config()
+        slots = run_slots or concurrency
+        pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},
+                                  source="polar generate")  # fmt: skip
+        target = embedded_serve_config(out, proxy, pipeline)
+    console = Console(stderr=True)
+    if server is None and harness is not None:
+        agent = get_harness(harness)
+        if not agent.is_installed() and agent.version:
+            if not install:
+                raise ConfigError(f"harness {agent.name!r} is not installed: polar harness install {agent.name}")
+            with console.status(f"installing {agent.name} {agent.version}"):
+                agent.install()
+
+    columns = (TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("generate", total=None, counts="starting")
+
+        def started(info: ServeInfo | None) -> None:
+            where = f"embedded service {info.url}" if info else f"service {server}"
+            progress.console.print(f"{where}; output: {out}")
+
+        def update(p: GenerateProgress) -> None:
+            rate = p.accepted / p.done if p.done else 0.0
+            counts = (f"accepted {p.accepted} ({rate:.0%}) · failed {p.failed} · retries {p.retries} · "
+                      f"running {p.in_flight}" + (f" · resumed {p.resumed}" if p.resumed else ""))  # fmt: skip
+            progress.update(bar, total=p.total, completed=p.done, counts=counts)
+
+        async def main() -> None:
+            current = asyncio.current_task()
+            if current is not None:  # SIGTERM stops like Ctrl-C; the next run resumes
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
+            await generate(options, out, server=target, token=token, on_start=started, on_progress=update)
+
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+    report(out, group_by)
+
+
+def report(out: Path, group_by: str) -> None:
+    """The acceptance table and the sessions that failed (with the ``polar run`` summary table)."""
+    from polar_cli.generate import group_stats
+
+    console = Console()
+    with open_ledger(out, must_exist=True) as ledger:
+        rows = ledger.rows()
+        console.print(group_table(group_stats(rows), group_by))
+        failed = [
+            SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
+        ]
+    if failed:
+        table = summary_table(failed[:20])
+        table.title = f"failed sessions ({len(failed)}{', first 20' if len(failed) > 20 else ''})"
+        console.print(table)
+    console.print(f"{len(rows)} sessions in {out} (export: polar export {out} --to DATASET_DIR)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate_command)

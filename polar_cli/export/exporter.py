@@ -1,0 +1,211 @@
+"""``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
+
+Two passes over the ledger: the first reads only the small summary columns (filters, the split, the card's stats),
+the second streams each SessionResult once, in dataset order, into sharded parquet writers. Memory holds one record
+batch per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
+place at the end, so a crash never leaves half a dataset under ``to``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from pydantic import Field
+
+from polar_cli.errors import ConfigError
+from polar_cli.export.card import dataset_card
+from polar_cli.export.parquet import ShardedWriter
+from polar_cli.export.split import stratified_test_keys
+from polar_cli.generate.ledger import ResultRow, open_ledger
+from polar_cli.generate.stats import group_stats
+from polar_cli.models import StrictModel, TaskRequest
+
+CONFIGS = ("traces", "messages")
+REJECTED = "rejected"
+
+
+class ExportOptions(StrictModel):
+    """Which rows, which splits, and the card's license."""
+
+    accepted_only: bool = Field(default=False, description="only accepted sessions")
+    min_reward: float | None = Field(default=None, description="only sessions with at least this reward")
+    keep_rejected: bool = Field(default=False, description="rows the filters drop go to a 'rejected' split")
+    test_size: float = Field(default=0.0, ge=0.0, lt=1.0, description="fraction of each group's sessions for test")
+    stratify_by: str = Field(default="repo", description="task metadata field (or task_id) the split stratifies")
+    seed: int = 0
+    license: str = "other"
+    overwrite: bool = False
+
+    def keeps(self, row: ResultRow) -> bool:
+        if self.accepted_only and not row.accepted:
+            return False
+        return self.min_reward is None or (row.reward is not None and row.reward >= self.min_reward)
+
+    def describe(self) -> str:
+        parts = ["accepted only" if self.accepted_only else "", f"reward >= {self.min_reward}" if
+                 self.min_reward is not None else "", "rejected rows kept" if self.keep_rejected else "",
+                 f"test split {self.test_size:g} stratified by {self.stratify_by}, seed {self.seed}" if
+                 self.test_size else ""]  # fmt: skip
+        return "; ".join(p for p in parts if p) or "every session"
+
+
+@dataclass
+class ExportReport:
+    out: Path
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)
+    """config -> split -> rows written."""
+    files: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class TaskInfo:
+    """What every row of one task repeats."""
+
+    task_id: str
+    instance_id: str
+    harness: str
+    model: str | None
+    policy_version: str | None
+    metadata: str
+
+
+def task_info(task: TaskRequest) -> TaskInfo:
+    meta = {k: v for k, v in task.metadata.items() if k != "script"}
+    version = meta.get("policy_version")
+    return TaskInfo(task.task_id, str(meta.get("instance_id", task.task_id)), task.agent.harness,
+                    task.agent.model_name, None if version is None else str(version),
+                    orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode())  # fmt: skip
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return orjson.dumps(content).decode()
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    calls = None
+    if m.get("tool_calls"):
+        calls = []
+        for call in m["tool_calls"]:
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            calls.append({"id": call.get("id"), "type": call.get("type", "function"), "function": {
+                "name": fn.get("name"), "arguments": args if isinstance(args, str) or args is None
+                else orjson.dumps(args).decode()}})  # fmt: skip
+    return {"role": m.get("role"), "content": _text(m.get("content")), "reasoning_content": m.get("reasoning_content"),
+            "tool_calls": calls, "tool_call_id": m.get("tool_call_id"), "name": m.get("name")}  # fmt: skip
+
+
+def _ids(row: ResultRow, info: TaskInfo) -> dict[str, Any]:
+    return {"session_id": row.session_id, "task_id": row.task_id, "instance_id": info.instance_id,
+            "sample_index": row.sample_index, "group": row.group, "harness": info.harness, "model": info.model,
+            "policy_version": info.policy_version, "status": row.status, "accepted": row.accepted,
+            "reward": row.reward}  # fmt: skip
+
+
+def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> Iterator[tuple[dict[str, Any], int]]:
+    """``traces`` rows of one session (with their token counts)."""
+    ids = _ids(row, info)
+    for chain, trace in enumerate(result["trajectory"]["traces"]):
+        entries = trace.get("response_logprobs")
+        metadata = {**trace.get("metadata", {}), "task_id": row.task_id}
+        yield {
+            **ids, "chain_index": chain, "finish_reason": trace.get("finish_reason"),
+            "prompt_ids": trace["prompt_ids"], "response_ids": trace["response_ids"], "loss_mask": trace["loss_mask"],
+            "response_logprobs": None if entries is None else [e["logprob"] for e in entries],
+            "metadata": orjson.dumps(metadata, option=orjson.OPT_NON_STR_KEYS).decode(),
+        }, len(trace["prompt_ids"]) + len(trace["response_ids"])  # fmt: skip
+
+
+def message_row(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> dict[str, Any]:
+    """The ``messages`` row of one session: its main conversation (the trace with the most messages)."""
+    traces = result["trajectory"]["traces"]
+    main = max(traces, key=lambda t: len(t.get("prompt_messages", [])) + len(t.get("response_messages", [])),
+               default=None)  # fmt: skip
+    messages = [] if main is None else [*main.get("prompt_messages", []), *main.get("response_messages", [])]
+    tools = None if main is None or main.get("tools") is None else orjson.dumps(main["tools"]).decode()
+    return {**_ids(row, info), "messages": [_message(m) for m in messages], "tools": tools,
+            "num_turns": result.get("num_completions", 0), "metadata": info.metadata}  # fmt: skip
+
+
+class ExportSource(Protocol):
+    """What export reads: a ``Ledger`` (``bench/export.py`` streams synthetic results through the same interface)."""
+
+    def rows(self) -> list[ResultRow]: ...
+
+    def results(self) -> Iterator[tuple[ResultRow, bytes]]: ...
+
+    def task(self, task_id: str) -> TaskRequest: ...
+
+    def task_field(self, field: str) -> dict[str, str]: ...
+
+
+def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str, int], str], list[ResultRow]]:
+    """Each exported session's split, from the summary columns alone."""
+    rows = ledger.rows()
+    strata = ledger.task_field(options.stratify_by) if options.test_size else {}
+    kept = [r for r in rows if options.keeps(r)]
+    test = stratified_test_keys([((r.task_id, r.sample_index), strata.get(r.task_id, "-")) for r in kept],
+                                options.test_size, options.seed) if options.test_size else set()  # fmt: skip
+    plan = {(r.task_id, r.sample_index): "test" if (r.task_id, r.sample_index) in test else "train" for r in kept}
+    if options.keep_rejected:
+        plan.update({(r.task_id, r.sample_index): REJECTED for r in rows if not options.keeps(r)})
+    return plan, [r for r in rows if (r.task_id, r.sample_index) in plan]
+
+
+def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
+           batch_rows: int = 512) -> ExportReport:  # fmt: skip
+    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``."""
+    options = options or ExportOptions()
+    occupied = to.exists() and (not to.is_dir() or any(to.iterdir()))
+    if occupied and not options.overwrite:
+        raise ConfigError(f"{to} exists and is not empty (--overwrite replaces it)")
+    staging = to.with_name(f".{to.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
+        plan, exported = _plan(ledger, options)
+        writers: dict[tuple[str, str], ShardedWriter] = {}
+
+        def writer(config: str, split: str) -> ShardedWriter:
+            key = (config, split)
+            if key not in writers:
+                writers[key] = ShardedWriter(staging, config, split, batch_rows=batch_rows)
+            return writers[key]
+
+        for config in CONFIGS:
+            writer(config, "train")  # always present, even when empty
+        info: TaskInfo | None = None
+        for row, blob in ledger.results():
+            split = plan.get((row.task_id, row.sample_index))
+            if split is None:
+                continue
+            if info is None or info.task_id != row.task_id:
+                info = task_info(ledger.task(row.task_id))
+            result = orjson.loads(blob)
+            traces = writer("traces", split)
+            for values, tokens in trace_rows(row, info, result):
+                traces.add(values, tokens)
+            writer("messages", split).add(message_row(row, info, result))
+        report = ExportReport(out=to)
+        for w in writers.values():
+            w.close()
+            report.rows.setdefault(w.config, {})[w.split] = w.rows
+        card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(exported),
+                            group_by="group", source=str(source),
+                            filters=options.describe())  # fmt: skip
+        (staging / "README.md").write_text(card, encoding="utf-8")
+    if to.exists():
+        shutil.rmtree(to) if to.is_dir() else to.unlink()
+    staging.rename(to)
+    report.files = sorted(p for p in to.rglob("*") if p.is_file())
+    return report

@@ -1,0 +1,89 @@
+"""Fast checks without a harness: the stratified split, dataset options validated before anything runs, the hf
+dataset's mapping, and the export's filters on a ledger of synthetic results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_cli.errors import ConfigError
+from polar_cli.export import ExportOptions, export, stratified_test_keys
+from polar_cli.generate.ledger import Ledger, ResultRow
+from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
+from polar_cli.registry import get_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_split_keeps_every_group_of_two_or_more_in_both_and_is_deterministic() -> None:
+    rows = [(f"{g}-{i}", g) for g, n in (("a", 2), ("b", 3), ("c", 1), ("d", 40)) for i in range(n)]
+    test = stratified_test_keys(rows, 0.1, seed=7)
+    for group in ("a", "b", "d"):
+        keys = {k for k, g in rows if g == group}
+        assert keys & test and keys - test
+    assert not {k for k, g in rows if g == "c"} & test
+    assert len({k for k, g in rows if g == "d"} & test) == 4
+    assert stratified_test_keys(list(reversed(rows)), 0.1, seed=7) == test
+    assert stratified_test_keys(rows, 0.1, seed=8) != test
+
+
+def test_dataset_options_are_validated_before_anything_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "polar_cli", "generate", "--dataset", "demo", "--harness", "pi", "--out",
+            str(tmp_path / "out"), "--dataset-option", "taks=[fix-add]"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert "unknown field 'taks' (did you mean 'tasks'?)" in done.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="instruction"):
+        get_dataset("hf").check_config({"path": "x.jsonl"})
+    with pytest.raises(ConfigError, match="Jinja2"):
+        get_dataset("hf").check_config({"path": "x.jsonl", "instruction": "{{ broken"})
+
+
+def test_hf_dataset_maps_a_local_jsonl_file_with_templates(tmp_path: Path) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "file": f"f{i}.txt", "repo": "org/x"}) + "\n" for i in range(3)))
+    options = {"path": str(data), "task_id": "hf-{{ id }}", "instruction": "Create {{ file }}.",
+               "metadata_fields": {"repo": "repo"},
+               "task": {"agent": {"harness": "pi"}, "evaluator": {"strategy": "test_on_output",
+                        "config": {"command": "test -f {{ file }}"}}}}  # fmt: skip
+    tasks = list(get_dataset("hf").tasks(**options))
+    assert [t.task_id for t in tasks] == ["hf-r0", "hf-r1", "hf-r2"]
+    assert tasks[1].instruction == "Create f1.txt." and tasks[1].metadata == {"repo": "org/x"}
+    assert tasks[2].evaluator.config["command"] == "test -f f2.txt"
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['nope'\]"):
+        list(get_dataset("hf").tasks(**{**options, "instruction": "{{ nope }}"}))
+
+
+def _result(task_id: str, reward: float) -> SessionResult:
+    trace = Trace(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 1],
+                  response_logprobs=[{"token_id": 3, "logprob": -0.5}, {"token_id": 4, "logprob": -0.25}])  # fmt: skip
+    return SessionResult(session_id=f"{task_id}-s", task_id=task_id, status="completed", reward=reward,
+                         trajectory=Trajectory(status="completed", traces=[trace]), num_completions=1)  # fmt: skip
+
+
+def test_export_filters_and_keeps_rejected_rows_on_request(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "gen") as ledger:
+        for i, reward in enumerate([1.0, 0.0, 1.0, 0.5]):
+            task = TaskRequest(task_id=f"t{i}", instruction="x", agent={"harness": "pi"}, metadata={"repo": "r"})
+            ledger.remember_task(i, "r", task)
+            row = ResultRow(task.task_id, 0, f"t{i}-s", "r", 1, "completed", reward, reward >= 1.0, 2, 4, 1, 1)
+            assert ledger.finish(row, _result(task.task_id, reward))
+            assert not ledger.finish(row, _result(task.task_id, reward))  # one final result per (task, sample)
+    report = export(tmp_path / "gen", tmp_path / "ds", ExportOptions(accepted_only=True, keep_rejected=True))
+    assert report.rows["traces"] == {"train": 2, "rejected": 2}
+    report = export(tmp_path / "gen", tmp_path / "ds", ExportOptions(min_reward=0.5, overwrite=True))
+    assert report.rows["messages"] == {"train": 3}
+    with pytest.raises(ConfigError, match="exists"):
+        export(tmp_path / "gen", tmp_path / "ds")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "ds" / "traces" / "train-00000.parquet")
+    assert table.column("response_logprobs").to_pylist()[0] == [-0.5, -0.25]
+    assert table.column("loss_mask").to_pylist()[0] == [1, 1]
