@@ -28,7 +28,7 @@ from polar_cli.harnesses.run import tail
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult, Evaluator
 from polar_cli.interfaces.runtime import ExecResult, RuntimeHandle
 from polar_cli.models import StrictModel, validate_model
-from polar_swebench.grading import grade, test_output
+from polar_swebench.grading import grade, output_section
 from polar_swebench.instance import SweInstance
 from polar_swebench.patch import DEFAULT_EXCLUDE, DEFAULT_PATCH_COMMAND, GIT_APPLY, PATCH_FALLBACK, filter_patch
 from polar_swebench.scripts import EvalPlan, eval_plan
@@ -174,7 +174,7 @@ class SwebenchHarnessEvaluator(Evaluator):
         if log_path:
             details["log_path"] = log_path
         try:
-            statuses = plan.parse(test_output(log))
+            statuses = plan.parse(output_section(log))
         except Exception as exc:  # a parser that cannot read this log
             raise EvaluationError(f"{NAME}: the log parser failed on the eval log: {exc}") from exc
         run_error = "the eval script timed out" if run.timed_out else None

@@ -28,7 +28,7 @@ _EXIT_CODE = re.compile(r">>>>> Test Exit Code: (-?\d+)")
 LIST_LIMIT = 500  # tests listed per group in a report
 
 
-def test_output(log: str) -> str:
+def output_section(log: str) -> str:
     """The part of ``log`` between the start and end markers (the whole log when they are not both there)."""
     start = log.find(START_MARKER)
     end = log.find(END_MARKER, start + 1) if start >= 0 else -1
