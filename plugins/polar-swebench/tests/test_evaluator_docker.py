@@ -4,17 +4,19 @@ one, candidate patches made with git (nothing mocked)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from polar_cli.harnesses.testing import in_ci, polar_run_file
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models import Trajectory
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.registry import get_evaluator
+from polar_cli.registry import get_dataset, get_evaluator, get_harness
 from polar_cli.runtimes import start_session
 from polar_cli.runtimes.docker import LABEL_SESSION, docker_client
 
@@ -135,3 +137,43 @@ def test_an_eval_script_that_times_out_is_not_resolved(
     assert left_behind(session) == []
     assert result.reward == 0.0 and result.details["eval_timed_out"] is True
     assert result.details["reason"] == "the eval script timed out"
+
+
+def pi_edit_script() -> list[dict[str, Any]]:
+    """The scripted model: one call of pi's own ``edit`` tool on a path relative to where pi starts, then an answer."""
+    edit = {"path": "calc/__init__.py",
+            "edits": [{"oldText": "def add(a, b):\n    return a - b", "newText": "def add(a, b):\n    return a + b"}]}
+    call = {"id": "call_edit_1", "type": "function", "function": {"name": "edit", "arguments": json.dumps(edit)}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": "add now adds: calc/__init__.py is fixed."},
+    ]  # fmt: skip
+
+
+def test_a_pi_session_run_with_polar_run_is_graded_resolved_in_a_fresh_container(
+    swe_image: str, swe_fixture: Any, tmp_path: Path
+) -> None:
+    """The real pi CLI (scripted backend) edits the repository it starts in (/testbed); `polar run` grades it."""
+    pi = get_harness("pi")
+    if not pi.is_installed():
+        reason = f"pi {pi.version} is not installed (run .ci/setup_harnesses.sh or polar harness install pi)"
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    rows = tmp_path / "instances.jsonl"
+    rows.write_text(json.dumps(swe_fixture.instance) + "\n")
+    options = {"harness": "pi", "model_name": "polar-test", "image_template": swe_image, "timeout_seconds": 300}
+    (task,) = get_dataset("swegym").tasks(path=str(rows), eval_timeout_seconds=120, **options)
+    data = task.model_dump(mode="json", exclude_none=True)
+    data["metadata"]["script"] = pi_edit_script()
+    task_file = tmp_path / "task.json"
+    task_file.write_text(json.dumps(data))
+    (report,) = polar_run_file(task_file, tmp_path)
+    result = report.result
+    assert result is not None and report.exit_code == 0, report.describe()
+    assert (result.status, result.reward) == ("completed", 1.0), report.describe()
+    evaluation = result.metadata["evaluation"]
+    assert evaluation["resolved"] is True and evaluation["patch_applied"] is True
+    assert evaluation["tests"]["FAIL_TO_PASS"] == {"tests/test_calc.py::test_add": "PASSED"}
+    assert result.trajectory.traces and all(t.reward == 1.0 for t in result.trajectory.traces)
+    assert left_behind(result.session_id) == []
