@@ -24,14 +24,15 @@ def context_for(
     base_urls: Mapping[str, str],
     config: Mapping[str, Any] | None = None,
 ) -> HarnessContext:
-    """The harness context for a started runtime: its home, session dir and tools path."""
+    """The harness context for a started runtime: its home, tools path and working directory (the runtime's
+    ``workdir``, i.e. ``RuntimeSpec.workdir`` when the task sets one, else the session dir)."""
     return HarnessContext(
         instruction=instruction,
         model=model,
         api_key=api_key,
         base_urls=dict(base_urls),
         home=handle.home_path,
-        workdir=handle.session_path,
+        workdir=handle.workdir or handle.session_path,
         tools=handle.tools_path,
         session_id=handle.session_id,
         config=dict(config or {}),

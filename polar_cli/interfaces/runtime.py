@@ -94,11 +94,14 @@ class RuntimeHandle(ABC):
     session_dir: Path
     """The session directory on the host (where ``session_path`` maps)."""
     session_path: str
-    """The session directory as commands in this runtime see it; the default ``cwd``."""
+    """The session directory as commands in this runtime see it; the default ``cwd`` unless the spec sets a workdir."""
     home_path: str
     """The session's private HOME as commands see it."""
     tools_path: str | None = None
     """Where ``RuntimeContext.tools_dir`` is visible to commands (its ``bin`` is first on PATH), if given."""
+    workdir: str = ""
+    """Where commands run when no ``cwd`` is given: ``RuntimeSpec.workdir`` when the spec sets one (the harness
+    starts there too), else ``session_path`` (empty here means ``session_path``)."""
 
     @abstractmethod
     async def spawn(

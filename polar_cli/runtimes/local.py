@@ -122,6 +122,7 @@ class LocalHandle(RuntimeHandle):
         self._env = env
         self._marker = f"POLAR_SESSION_DIR={self.session_path}".encode()
         self._workdir = self.host_path(spec.workdir) if spec.workdir else scratch.session
+        self.workdir = str(self._workdir)
 
     def host_path(self, path: str) -> Path:
         """Where a runtime path lives on the host (fixed ``/polar/...`` forms and relative paths translated)."""

@@ -96,3 +96,32 @@ def test_pi_reports_a_backend_error_as_a_failure_with_its_stderr(tmp_path: Path)
     run = asyncio.run(scenario())
     assert not run.ok, run
     assert "scripted refusal for the test" in (run.failure or "") + run.stderr, json.dumps(run.__dict__)[:2000]
+
+
+async def harness_cwd(spec: RuntimeSpec, scratch: Path) -> tuple[str, str]:
+    """Where the shell harness and a plain exec start in a runtime made from ``spec``."""
+    context = RuntimeContext("t-cwd", scratch_root=scratch)
+    async with await get_runtime(spec.backend).start(spec, context) as handle:
+        ctx = context_for(handle, instruction="hi", model="m", api_key="k", base_urls=URLS,
+                          config={"command": "pwd > $HOME/cwd.txt"})  # fmt: skip
+        run = await run_harness(get_harness("shell"), handle, ctx, timeout=60)
+        assert run.ok, failure_report(get_harness("shell"), run)
+        seen = (await handle.exec(["cat", f"{handle.home_path}/cwd.txt"])).stdout.strip()
+        return ctx.workdir, seen
+
+
+def test_the_harness_starts_in_the_task_workdir_or_the_session_dir(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    workdir, seen = asyncio.run(harness_cwd(RuntimeSpec(workdir=str(repo)), tmp_path / "s1"))
+    assert workdir == seen == str(repo)
+    workdir, seen = asyncio.run(harness_cwd(RuntimeSpec(), tmp_path / "s2"))
+    assert workdir == seen and seen.endswith("session")
+
+
+@pytest.mark.docker
+def test_the_harness_starts_in_the_task_workdir_in_docker(tmp_path: Path, docker_image: str) -> None:
+    spec = RuntimeSpec(backend="docker", image=docker_image, workdir="/testbed")
+    assert asyncio.run(harness_cwd(spec, tmp_path / "s")) == ("/testbed", "/testbed")
+    spec = RuntimeSpec(backend="docker", image=docker_image)
+    assert asyncio.run(harness_cwd(spec, tmp_path / "s")) == ("/polar/session", "/polar/session")
