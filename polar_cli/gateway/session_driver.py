@@ -74,7 +74,8 @@ class GatewaySessionDriver:
         harness = get_harness(task.agent.harness)
         context = self._context(job.session_id, harness)
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
-        info = await self.proxy.create_session(job.session_id, metadata)
+        # fresh: an earlier attempt of this session id (e.g. on a killed gateway) recorded calls that are not this one's
+        info = await self.proxy.create_session(job.session_id, metadata, fresh=True)
         job.resources.proxy_key = info["api_key"]
         job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
 

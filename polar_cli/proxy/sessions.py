@@ -75,8 +75,8 @@ class Session:
     count: int = 0
     """The next completion index: the largest index on disk + 1 (ids are unique forever, gaps or not)."""
     first_record: int = 0
-    """Records the journal already held when this session was created (an earlier run of the same session id, e.g.
-    one lost with a killed gateway): they are not this run's completions."""
+    """Records of the journal that are not this session's: with ``create_session(fresh=True)``, those it already held
+    (an earlier attempt of the same session id, e.g. one lost with a killed gateway)."""
     memory: list[bytes] = field(default_factory=list)  # JSON lines, as a journal would hold them
     deadline: float | None = None
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
@@ -116,9 +116,16 @@ class SessionRegistry:
         session_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        *,
+        fresh: bool = False,
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
-        checked against its allow-list (see :func:`session_options`)."""
+        checked against its allow-list (see :func:`session_options`).
+
+        A session id whose journal already has records continues it: numbering goes on after the last index, and the
+        session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
+        records are not this session's (a gateway running a new attempt of a session under the same id): they stay on
+        disk, numbering still goes on, but the session's completions start after them."""
         session_id = session_id or uuid.uuid4().hex
         check_session_id(session_id)
         if session_id in self._sessions:
@@ -129,7 +136,8 @@ class SessionRegistry:
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
             session.count = session.journal.next_index
-            session.first_record = len(session.journal.read_raw())
+            if fresh:
+                session.first_record = len(session.journal.read_raw())
         self._sessions[session_id] = session
         return session
 

@@ -35,8 +35,10 @@ class ProxyState:
         session_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        *,
+        fresh: bool = False,
     ) -> dict[str, Any]:
-        session = await self.registry.create_session(session_id, metadata, backend_options)
+        session = await self.registry.create_session(session_id, metadata, backend_options, fresh=fresh)
         return self.session_info(session)
 
     def get_completions(self, session_id: str) -> list[Completion]:
