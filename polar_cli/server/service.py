@@ -34,10 +34,9 @@ from polar_cli.gateway.node import session_id_for
 from polar_cli.gateway.session_driver import check_task
 from polar_cli.http import bearer_matches, new_token
 from polar_cli.models import SessionResult, TaskRequest, TaskStatus
-from polar_cli.server.callbacks import CallbackSender
-from polar_cli.server.config import ServerConfig
-from polar_cli.server.models import (
+from polar_cli.models.service import (
     ATTEMPT_KEY,
+    TERMINAL_TASK_STATES,
     HeartbeatAnswer,
     HeartbeatBody,
     NodeStatus,
@@ -48,13 +47,15 @@ from polar_cli.server.models import (
     SessionResultBody,
     SubmitAnswer,
 )
+from polar_cli.models.service import NodeLoad as NodeLoadStatus
+from polar_cli.server.callbacks import CallbackSender
+from polar_cli.server.config import ServerConfig
 from polar_cli.server.scheduler import NodeLoad, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "POLAR_TOKEN"
-TERMINAL = ("completed", "failed", "cancelled")
 DISPATCH_BATCH = 512
 SENDS_IN_FLIGHT = 64
 """Calls to gateways under way at once: more only queue inside the HTTP client's pool, whose bookkeeping grows with
@@ -174,7 +175,7 @@ class RolloutServer:
             changed = self._changed  # taken before the read: a change after it still wakes this wait
             state = await self.threads.read(self.store.task_state, task_id)
             remaining = deadline - time.monotonic()
-            if state in TERMINAL or remaining <= 0:
+            if state in TERMINAL_TASK_STATES or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
@@ -193,12 +194,12 @@ class RolloutServer:
         nodes = []
         for node in self.store.nodes():
             live = self._live.get(node.node_id)
-            load = {
-                "run_slots": node.run_slots,
-                "assigned": assigned.get(node.node_id, 0),
-                "running": live.running if live else 0,
-                "queued": live.queued if live else 0,
-            }
+            load = NodeLoadStatus(
+                run_slots=node.run_slots,
+                assigned=assigned.get(node.node_id, 0),
+                running=live.running if live else 0,
+                queued=live.queued if live else 0,
+            )
             nodes.append(
                 NodeStatus(
                     node_id=node.node_id,

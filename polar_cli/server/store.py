@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import orjson
 
@@ -130,7 +130,7 @@ class SessionStore(Protocol):
     def task(self, task_id: str) -> TaskRequest: ...
     def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
     def task_state(self, task_id: str) -> TaskState: ...
-    def task_counts(self) -> dict[str, int]: ...
+    def task_counts(self) -> dict[TaskState, int]: ...
     def session(self, session_id: str) -> SessionRow: ...
     def sessions(
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
@@ -308,9 +308,9 @@ class SQLiteStore:
         completed = counts.pop("completed", 0)
         return completed, sum(counts.values())
 
-    def task_counts(self) -> dict[str, int]:
+    def task_counts(self) -> dict[TaskState, int]:
         rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
-        return {r["state"]: r["n"] for r in rows}
+        return {cast(TaskState, r["state"]): r["n"] for r in rows}
 
     def _refresh_task(self, db: sqlite3.Connection, task_id: str, now: float) -> bool:
         """Recompute the task's state; True when this change ended it (and queue its final callback)."""
