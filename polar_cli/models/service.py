@@ -138,3 +138,37 @@ class SessionResultBody(StrictModel):
 class SessionResultAnswer(StrictModel):
     accepted: bool = True
     duplicate: bool = False
+
+
+class BatchSession(StrictModel):
+    """One session of ``POST /sessions/batch``: its task (by id, from the batch's ``tasks``), sample and attempt."""
+
+    task_id: str
+    sample_index: int = Field(default=0, ge=0)
+    session_id: SessionId
+    attempt: PositiveInt | None = None
+    """Carried to the gateway as ``metadata.polar_attempt`` of the session's task (as ``POST /sessions`` does)."""
+
+
+class SessionBatch(StrictModel):
+    """Body of a gateway's ``POST /sessions/batch``: each task body once, then the sessions to create."""
+
+    tasks: dict[str, dict[str, object]]
+    """task_id → TaskRequest (as JSON): validated once per task, not once per session."""
+    sessions: list[BatchSession]
+
+
+class BatchSessionAnswer(BaseModel):
+    """One session's answer in a batch: ``status`` is what ``POST /sessions`` would have answered for it alone
+    (201 accepted; 400 the gateway cannot run the task; 503 draining; ...), ``error`` its message when refused."""
+
+    session_id: str
+    accepted: bool
+    status: int
+    error: str | None = None
+
+
+class SessionBatchAnswer(BaseModel):
+    """``POST /sessions/batch``: one answer per session, in the order sent."""
+
+    sessions: list[BatchSessionAnswer]
