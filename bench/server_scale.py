@@ -4,8 +4,9 @@ The real server (``polar_cli.server``: SQLite, scheduler, HTTP routes) runs in a
 is read cleanly from ``/proc/<pid>/status``. This process runs the simulated gateway nodes and the trainer:
 
 - each simulated gateway is a small aiohttp app speaking the node side of docs/service.md: it registers (``POST
-  /nodes/register``), heartbeats its load and held sessions, accepts ``POST /sessions`` (201) and, when told to,
-  calls back ``POST /callbacks/session_result`` with a small SessionResult. No harness, runtime or proxy runs;
+  /nodes/register``), heartbeats its load and held sessions, accepts ``POST /sessions`` (201) and ``POST
+  /sessions/batch`` (each session accepted), answers ``GET /sessions/{id}`` for the sessions it holds and, when told
+  to, calls back ``POST /callbacks/session_result`` with a small SessionResult. No harness, runtime or proxy runs;
 - the trainer submits through ``AsyncPolarClient``.
 
 Phases:
@@ -45,6 +46,7 @@ from rich.table import Table
 from polar_cli.client import AsyncPolarClient
 from polar_cli.http import guarded, json_response
 from polar_cli.models import SessionResult, TaskRequest, Trajectory
+from polar_cli.models.service import SessionBatch
 
 # ---- the server, in a child process -----------------------------------------------------------------------------
 
@@ -148,6 +150,8 @@ class SimGateway:
     async def start(self, server_url: str, server_token: str) -> None:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/sessions", guarded(self.token, self.name, self._create))
+        app.router.add_post("/sessions/batch", guarded(self.token, self.name, self._create_batch))
+        app.router.add_get("/sessions/{session_id}", guarded(self.token, self.name, self._get))
         app.router.add_get("/healthz", self._health)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
@@ -182,12 +186,35 @@ class SimGateway:
         task = body["task"]
         session_id, sample_index = body["session_id"], int(body.get("sample_index", 0))
         attempt = int((task.get("metadata") or {}).get("polar_attempt", body.get("attempt", 1)))
-        self.arrivals.arrived(session_id, task["task_id"])
-        self.held[session_id] = (task["task_id"], sample_index, attempt)
-        if not self.hold:
-            self._finish_later(session_id)
+        self._take(session_id, task["task_id"], sample_index, attempt)
         answer = {"session_id": session_id, "task_id": task["task_id"], "sample_index": sample_index, "stage": "init"}
         return json_response(answer, 201)
+
+    async def _create_batch(self, request: web.Request) -> web.Response:
+        """``POST /sessions/batch`` as a real gateway answers it: each task once, one answer per session."""
+        batch = SessionBatch.model_validate_json(await request.read())
+        answers = []
+        for spec in batch.sessions:
+            if spec.task_id not in batch.tasks:
+                answers.append({"session_id": spec.session_id, "accepted": False, "status": 400,
+                                "error": f"task {spec.task_id!r} is not in the batch"})  # fmt: skip
+                continue
+            self._take(spec.session_id, spec.task_id, spec.sample_index, spec.attempt or 1)
+            answers.append({"session_id": spec.session_id, "accepted": True, "status": 201})
+        return json_response({"sessions": answers})
+
+    def _take(self, session_id: str, task_id: str, sample_index: int, attempt: int) -> None:
+        self.arrivals.arrived(session_id, task_id)
+        self.held[session_id] = (task_id, sample_index, attempt)
+        if not self.hold:
+            self._finish_later(session_id)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        """``GET /sessions/{id}``: the server's reconciliation asks about a session a heartbeat did not list yet."""
+        session_id = request.match_info["session_id"]
+        if session_id not in self.held:
+            return json_response({"error": {"message": f"unknown session {session_id!r}", "type": "not_found"}}, 404)
+        return json_response({"session_id": session_id, "stage": "run"})
 
     async def _health(self, request: web.Request) -> web.Response:
         return json_response({"ok": True, "sessions": len(self.held)})
@@ -236,7 +263,8 @@ class SimGateway:
 
 
 def make_task(task_id: str, samples: int) -> TaskRequest:
-    return TaskRequest(task_id=task_id, instruction="simulated", num_samples=samples, agent={"harness": "shell"},
+    return TaskRequest(task_id=task_id, instruction="simulated", num_samples=samples,
+                       agent={"harness": "shell", "config": {"command": "true"}},
                        builder={"strategy": "per_request"})  # fmt: skip
 
 

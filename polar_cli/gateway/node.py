@@ -6,6 +6,8 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 | route | what |
 |---|---|
 | ``POST /sessions`` | ``{task: TaskRequest, sample_index?, session_id?}``: one full session → 201 ``{session_id}`` |
+| ``POST /sessions/batch`` | ``{tasks: {task_id: TaskRequest}, sessions: [{task_id, sample_index, session_id, \
+attempt?}]}``: many sessions, each task once → 200 ``{sessions: [{session_id, accepted, status, error?}]}`` |
 | ``GET /sessions/{id}`` | ``{session_id, stage, stage_seconds, result?}`` (finished ones also from the result store) |
 | ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
 | ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
@@ -13,7 +15,9 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 | ``GET /healthz`` | ``{ok}``, open |
 | ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
 
-While the node drains (a graceful stop), ``POST /sessions`` answers 503 and the sessions under way run to the end.
+While the node drains (a graceful stop), ``POST /sessions`` and ``POST /sessions/batch`` answer 503 and the sessions
+under way run to the end. In a batch, each session's ``status`` is what ``POST /sessions`` would have answered for it
+alone; a refused session does not stop the others.
 """
 
 from __future__ import annotations
@@ -42,15 +46,16 @@ from polar_cli.http import (
     json_response,
     new_token,
     read_json,
+    status_for,
 )
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
+from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionBatchAnswer
 from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
-from polar_cli.server.models import ATTEMPT_KEY
 
 PROXY_PREFIX = "/proxy"
 
@@ -206,6 +211,7 @@ class GatewayNode:
         )
         guard = self._guard
         app.router.add_post("/sessions", guard(self._create))
+        app.router.add_post("/sessions/batch", guard(self._create_batch))
         app.router.add_get("/sessions/{session_id}", guard(self._get))
         app.router.add_get("/sessions/{session_id}/result", guard(self._result))
         app.router.add_delete("/sessions/{session_id}", guard(self._cancel))
@@ -226,6 +232,46 @@ class GatewayNode:
         job = await self.submit(spec.task, spec.sample_index, spec.session_id)
         return json_response({"session_id": job.session_id, "task_id": job.task_id, "sample_index": job.sample_index,
                       "stage": str(job.stage)}, 201)  # fmt: skip
+
+    async def _create_batch(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return error_response(503, "the gateway is draining: it takes no new sessions")
+        source = "POST /sessions/batch"
+        batch = validate_model(SessionBatch, await read_json(request, source=source), source=source)
+        answer = SessionBatchAnswer(sessions=await self.submit_batch(batch))
+        return json_response(answer.model_dump(mode="json"))
+
+    async def submit_batch(self, batch: SessionBatch) -> list[BatchSessionAnswer]:
+        """Each session of ``batch`` as ``POST /sessions`` would create it; a refused one does not stop the others.
+        Each task is validated and checked once."""
+        tasks: dict[str, TaskRequest | Exception] = {}
+        for task_id, body in batch.tasks.items():
+            try:
+                task = validate_model(TaskRequest, body, source=f"POST /sessions/batch: task {task_id!r}")
+                if task.task_id != task_id:
+                    raise ConfigError(f"tasks[{task_id!r}] has task_id {task.task_id!r}")
+                self.check(task)
+                tasks[task_id] = task
+            except Exception as exc:  # the sessions of this task are refused with it; the others go on
+                tasks[task_id] = exc
+        answers = []
+        for spec in batch.sessions:
+            task_or_error = tasks.get(spec.task_id) or ConfigError(f"task {spec.task_id!r} is not in the batch")
+            try:
+                if isinstance(task_or_error, Exception):
+                    raise task_or_error
+                task = task_or_error
+                if spec.attempt is not None:
+                    task = task.model_copy(update={"metadata": {**task.metadata, ATTEMPT_KEY: spec.attempt}})
+                if self._is_new_attempt(spec.session_id, task):
+                    self.pipeline.forget(spec.session_id)
+                await self.pipeline.submit(self.job_for(task, spec.sample_index, spec.session_id))
+            except Exception as exc:
+                answers.append(BatchSessionAnswer(session_id=spec.session_id, accepted=False, status=status_for(exc),
+                                                  error=str(exc)[:500]))  # fmt: skip
+            else:
+                answers.append(BatchSessionAnswer(session_id=spec.session_id, accepted=True, status=201))
+        return answers
 
     async def _get(self, request: web.Request) -> web.Response:
         return json_response(self.describe(check_session_id(request.match_info["session_id"])))

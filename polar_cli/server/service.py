@@ -28,37 +28,42 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
 from polar_cli.gateway.node import session_id_for
 from polar_cli.gateway.session_driver import check_task
 from polar_cli.http import bearer_matches, new_token
 from polar_cli.models import SessionResult, TaskRequest, TaskStatus
-from polar_cli.server.callbacks import CallbackSender
-from polar_cli.server.config import ServerConfig
-from polar_cli.server.models import (
+from polar_cli.models.service import (
     ATTEMPT_KEY,
+    TERMINAL_TASK_STATES,
     HeartbeatAnswer,
     HeartbeatBody,
     NodeStatus,
     RegisterAnswer,
     RegisterBody,
     ServiceStatus,
+    SessionBatchAnswer,
     SessionResultAnswer,
     SessionResultBody,
     SubmitAnswer,
 )
+from polar_cli.models.service import NodeLoad as NodeLoadStatus
+from polar_cli.server.callbacks import CallbackSender
+from polar_cli.server.config import ServerConfig
 from polar_cli.server.scheduler import NodeLoad, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "POLAR_TOKEN"
-TERMINAL = ("completed", "failed", "cancelled")
 DISPATCH_BATCH = 512
+SESSIONS_PER_CALL = 256
+"""Sessions sent to one gateway in one ``POST /sessions/batch``."""
 SENDS_IN_FLIGHT = 64
-"""Calls to gateways under way at once: more only queue inside the HTTP client's pool, whose bookkeeping grows with
-the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
+"""Calls to gateways under way at once (a batch is one call): more only queue inside the HTTP client's pool, whose
+bookkeeping grows with the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
 LOOKUPS_IN_FLIGHT = 16
 
 
@@ -97,6 +102,8 @@ class RolloutServer:
         self._dispatch_wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._sending: set[str] = set()
+        self._no_batch: set[str] = set()
+        """Nodes that answered 404/405 to ``POST /sessions/batch`` (older gateways): sessions go one by one."""
         self._looking_up: set[str] = set()
         self._send_limit = asyncio.Semaphore(SENDS_IN_FLIGHT)
         self._lookup_limit = asyncio.Semaphore(LOOKUPS_IN_FLIGHT)
@@ -174,7 +181,7 @@ class RolloutServer:
             changed = self._changed  # taken before the read: a change after it still wakes this wait
             state = await self.threads.read(self.store.task_state, task_id)
             remaining = deadline - time.monotonic()
-            if state in TERMINAL or remaining <= 0:
+            if state in TERMINAL_TASK_STATES or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
@@ -193,12 +200,12 @@ class RolloutServer:
         nodes = []
         for node in self.store.nodes():
             live = self._live.get(node.node_id)
-            load = {
-                "run_slots": node.run_slots,
-                "assigned": assigned.get(node.node_id, 0),
-                "running": live.running if live else 0,
-                "queued": live.queued if live else 0,
-            }
+            load = NodeLoadStatus(
+                run_slots=node.run_slots,
+                assigned=assigned.get(node.node_id, 0),
+                running=live.running if live else 0,
+                queued=live.queued if live else 0,
+            )
             nodes.append(
                 NodeStatus(
                     node_id=node.node_id,
@@ -366,6 +373,7 @@ class RolloutServer:
         attempts = await self.threads.write(
             self.store.dispatch_many, [(row.session_id, node_id) for row, node_id in chosen]
         )
+        batches: dict[str, list[tuple[SessionRow, int]]] = {}
         for (row, node_id), attempt in zip(chosen, attempts, strict=True):
             if attempt is None:
                 self._sending.discard(row.session_id)
@@ -373,13 +381,78 @@ class RolloutServer:
             live = self._live.get(node_id)
             if live is not None:
                 live.reserved += 1
-            self._spawn(self._send(row, node_id, attempt))
+            batches.setdefault(node_id, []).append((row, attempt))
+        for node_id, sends in batches.items():
+            for start in range(0, len(sends), SESSIONS_PER_CALL):
+                self._spawn(self._send_batch(node_id, sends[start : start + SESSIONS_PER_CALL]))
         if len(pending) == DISPATCH_BATCH and len(chosen) == len(pending):
             self._dispatch_wake.set()  # more may be waiting
 
+    async def _send_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
+        """POST the sessions to their gateway in one call (``POST /sessions/batch``); each session's answer is then
+        handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one."""
+        if node_id in self._no_batch:
+            await asyncio.gather(*(self._send(row, node_id, attempt) for row, attempt in sends))
+            return
+        try:
+            async with self._send_limit:
+                response = await self._post_batch(node_id, sends)
+        except (httpx.HTTPError, PolarError) as exc:
+            log.warning("%d sessions: dispatch to %s failed: %s", len(sends), node_id, exc)
+            response = None
+        finally:
+            self._sending.difference_update(row.session_id for row, _ in sends)
+        if response is not None and response.status_code in (404, 405):  # an older gateway: no batch route
+            self._no_batch.add(node_id)
+            self._sending.update(row.session_id for row, _ in sends)
+            await asyncio.gather(*(self._send(row, node_id, attempt) for row, attempt in sends))
+            return
+        if response is None or response.status_code == 503:
+            await self._undo(node_id, sends)
+            return
+        if not response.is_success:  # the whole batch refused: each session as if refused alone
+            message = _error_message(response)
+            for row, attempt in sends:
+                await self._settle(row, node_id, attempt, response.status_code, message)
+            return
+        try:
+            answers = {a.session_id: a for a in SessionBatchAnswer.model_validate_json(response.content).sessions}
+        except ValueError as exc:
+            log.warning("node %s answered a batch with %s", node_id, exc)
+            answers = {}
+        undo: list[tuple[SessionRow, int]] = []
+        for row, attempt in sends:
+            answer = answers.get(row.session_id)
+            if answer is None:  # not answered for: the heartbeats' reconciliation finds out whether it got there
+                continue
+            if answer.status == 503:
+                undo.append((row, attempt))
+            elif not answer.accepted:
+                await self._settle(row, node_id, attempt, answer.status, answer.error or "")
+        if undo:
+            await self._undo(node_id, undo)
+
+    async def _undo(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
+        """Dispatches that did not reach the node (unreachable, or draining): back to pending, not as attempts;
+        the node is unreachable until it heartbeats again."""
+        if node_id in self._live:
+            self._live[node_id].unreachable = True
+        await self.threads.write(self.store.undo_dispatch_many, [(row.session_id, attempt) for row, attempt in sends])
+        self._dispatch_wake.set()
+
+    async def _post_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> httpx.Response:
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise SessionError(f"unknown node {node_id!r}")
+        tasks = {row.task_id: await self._task_body(row.task_id) for row, _ in sends}
+        sessions = [{"task_id": row.task_id, "sample_index": row.sample_index, "session_id": row.session_id,
+                     "attempt": attempt} for row, attempt in sends]  # fmt: skip
+        headers = {**_bearer(node.token), "Content-Type": "application/json"}
+        body = orjson.dumps({"tasks": tasks, "sessions": sessions})
+        return await self.client.post(f"{node.url}/sessions/batch", content=body, headers=headers)
+
     async def _send(self, row: SessionRow, node_id: str, attempt: int) -> None:
-        """POST the session to its gateway; a call that fails undoes the dispatch (the node is marked unreachable
-        until it heartbeats again), a 4xx answer (the gateway refuses the task) fails the session."""
+        """POST one session to its gateway (``POST /sessions``: a gateway without the batch route)."""
         try:
             async with self._send_limit:
                 response = await self._post_session(row, node_id, attempt)
@@ -388,24 +461,23 @@ class RolloutServer:
             response = None
         finally:
             self._sending.discard(row.session_id)
-        if response is None or response.status_code == 503:  # unreachable, or draining: not an attempt
-            if node_id in self._live:
-                self._live[node_id].unreachable = True
-            await self.threads.write(self.store.undo_dispatch, row.session_id, attempt)
-            self._dispatch_wake.set()
-            return
-        if response.status_code < 300:
-            return
-        message = _error_message(response)
-        if 400 <= response.status_code < 500 and response.status_code not in (401, 404, 409):
+        if response is None or response.status_code == 503:
+            await self._undo(node_id, [(row, attempt)])
+        elif not response.is_success:
+            await self._settle(row, node_id, attempt, response.status_code, _error_message(response))
+
+    async def _settle(self, row: SessionRow, node_id: str, attempt: int, status: int, message: str) -> None:
+        """A session the node refused: a 4xx (the gateway cannot run the task) fails it; anything else (401, 404,
+        409, 5xx) sends it again as a new attempt."""
+        if 400 <= status < 500 and status not in (401, 404, 409):
             error = f"node {node_id} refused the session: {message}"
             failed = failed_result(row.task_id, row.session_id, row.sample_index, "error", error)
             await self.threads.write(self.store.finish, row.session_id, failed)
             self._notify()
             return
-        log.warning("session %s: node %s answered %s: %s", row.session_id, node_id, response.status_code, message)
+        log.warning("session %s: node %s answered %s: %s", row.session_id, node_id, status, message)
         current = await self.threads.read(self.store.session, row.session_id)
-        await self._requeue(current, f"node {node_id} answered {response.status_code}")
+        await self._requeue(current, f"node {node_id} answered {status}")
 
     async def _post_session(self, row: SessionRow, node_id: str, attempt: int) -> httpx.Response:
         node = self._nodes.get(node_id)

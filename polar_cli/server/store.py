@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import orjson
 
@@ -130,7 +130,7 @@ class SessionStore(Protocol):
     def task(self, task_id: str) -> TaskRequest: ...
     def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
     def task_state(self, task_id: str) -> TaskState: ...
-    def task_counts(self) -> dict[str, int]: ...
+    def task_counts(self) -> dict[TaskState, int]: ...
     def session(self, session_id: str) -> SessionRow: ...
     def sessions(
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
@@ -140,6 +140,7 @@ class SessionStore(Protocol):
     def dispatch(self, session_id: str, node_id: str) -> int | None: ...
     def dispatch_many(self, assignments: list[tuple[str, str]]) -> list[int | None]: ...
     def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
+    def undo_dispatch_many(self, dispatches: list[tuple[str, int]]) -> None: ...
     def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
     def check_held(self, node_id: str, held: list[str]) -> HeldCheck: ...
     def finish(self, session_id: str, result: SessionResult) -> Finished: ...
@@ -308,9 +309,9 @@ class SQLiteStore:
         completed = counts.pop("completed", 0)
         return completed, sum(counts.values())
 
-    def task_counts(self) -> dict[str, int]:
+    def task_counts(self) -> dict[TaskState, int]:
         rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
-        return {r["state"]: r["n"] for r in rows}
+        return {cast(TaskState, r["state"]): r["n"] for r in rows}
 
     def _refresh_task(self, db: sqlite3.Connection, task_id: str, now: float) -> bool:
         """Recompute the task's state; True when this change ended it (and queue its final callback)."""
@@ -412,24 +413,30 @@ class SQLiteStore:
 
     def undo_dispatch(self, session_id: str, attempt: int) -> None:
         """A dispatch that never reached its gateway: back to pending, the attempt not counted."""
+        self.undo_dispatch_many([(session_id, attempt)])
+
+    def undo_dispatch_many(self, dispatches: list[tuple[str, int]]) -> None:
+        """:meth:`undo_dispatch` for many ``(session_id, attempt)`` pairs in one transaction."""
+        now = time.time()
         with self._tx() as db:
-            undone = db.execute(
-                "UPDATE sessions SET state = 'pending', attempt = attempt - 1, node_id = NULL, updated_at = ? "
-                "WHERE session_id = ? AND state = 'dispatched' AND attempt = ?",
-                (time.time(), session_id, attempt),
-            ).rowcount
-            if undone:
-                db.execute("DELETE FROM attempts WHERE session_id = ? AND attempt = ?", (session_id, attempt))
+            for session_id, attempt in dispatches:
+                undone = db.execute(
+                    "UPDATE sessions SET state = 'pending', attempt = attempt - 1, node_id = NULL, updated_at = ? "
+                    "WHERE session_id = ? AND state = 'dispatched' AND attempt = ?",
+                    (now, session_id, attempt),
+                ).rowcount
+                if undone:
+                    db.execute("DELETE FROM attempts WHERE session_id = ? AND attempt = ?", (session_id, attempt))
 
     def mark_running(self, node_id: str, session_ids: list[str]) -> None:
         if not session_ids:
             return
-        marks = ",".join("?" * len(session_ids))
+        listed = orjson.dumps(session_ids).decode()  # one parameter however many: no SQLite variable limit
         with self._tx() as db:
             db.execute(
-                f"UPDATE sessions SET state = 'running', updated_at = ? WHERE state = 'dispatched' "
-                f"AND node_id = ? AND session_id IN ({marks})",
-                (time.time(), node_id, *session_ids),
+                "UPDATE sessions SET state = 'running', updated_at = ? WHERE state = 'dispatched' "
+                "AND node_id = ? AND session_id IN (SELECT value FROM json_each(?))",
+                (time.time(), node_id, listed),
             )
 
     def check_held(self, node_id: str, held: list[str]) -> HeldCheck:
