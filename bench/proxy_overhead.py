@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,8 @@ import orjson
 from aiohttp import web
 
 RESPONSE_TOKENS = 32
+
+CONTROL_TOKEN = secrets.token_urlsafe(24)  # the proxy's control routes always need one
 
 
 def canned_answer(prompt_tokens: int) -> bytes:
@@ -147,7 +150,8 @@ async def bench(args: argparse.Namespace) -> None:
         [sys.executable, __file__, "--serve-backend", str(backend_port), "--prompt-tokens", str(args.prompt_tokens)]
     )
     proxy_cmd = [sys.executable, "-m", "polar_cli", "proxy", "--backend", "vllm", "--port", str(proxy_port),
-                 "--backend-url", f"http://127.0.0.1:{backend_port}/v1", "--model", "bench"]  # fmt: skip
+                 "--backend-url", f"http://127.0.0.1:{backend_port}/v1", "--model", "bench",
+                 "--control-token", CONTROL_TOKEN]  # fmt: skip
     if not args.no_journal:
         proxy_cmd += ["--journal", str(journal)]
     proxy = subprocess.Popen(proxy_cmd, env=env, stdout=subprocess.DEVNULL)
@@ -156,7 +160,11 @@ async def bench(args: argparse.Namespace) -> None:
         await wait_ready(f"http://127.0.0.1:{proxy_port}/healthz", proxy)
         async with (
             aiohttp.ClientSession() as s,
-            s.post(f"http://127.0.0.1:{proxy_port}/sessions", json={"session_id": "bench"}) as resp,
+            s.post(
+                f"http://127.0.0.1:{proxy_port}/sessions",
+                json={"session_id": "bench"},
+                headers={"Authorization": f"Bearer {CONTROL_TOKEN}"},
+            ) as resp,
         ):
             info = await resp.json()
         body = request_body(args.prompt_tokens)
