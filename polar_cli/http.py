@@ -239,7 +239,7 @@ class _Framing:
     def line(self, index: int) -> bytes | None:
         """The request line of head ``index``; the start of it while it is still arriving."""
         if index == self.count and self._state == "line":
-            return bytes(self._buf) or None
+            return bytes(self._buf).lstrip(b"\r\n") or None
         return self.lines.get(index)
 
     def forget_before(self, index: int) -> None:

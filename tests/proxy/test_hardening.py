@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from polar_cli.errors import brief
+from polar_cli.http import _Framing, _split_request_line
 from polar_cli.proxy.app import MAX_JSON_DEPTH
 
 from .conftest import ProxySession, RunningProxy
@@ -320,6 +321,24 @@ def connect(proxy: RunningProxy, timeout: float = 10) -> socket.socket:
     sock = socket.create_connection((httpx.URL(proxy.url).host, httpx.URL(proxy.url).port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+@pytest.mark.parametrize("step", [1, 7, 10_000])
+def test_framing_names_every_request_line_across_bodies(step: int) -> None:
+    """What the server knows of the request lines on a connection, however the bytes are cut into chunks."""
+    stream = (
+        b"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nGET /"
+        b"\r\nPOST /b HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+        b"3;x=1\r\nPUT\r\n2\r\n\r\n\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        b"DELETE /c?k=v HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"PATCH /d-still-arrivi"
+    )
+    framing = _Framing()
+    for at in range(0, len(stream), step):
+        framing.feed(stream[at : at + step])
+    named = [_split_request_line(framing.line(i)) for i in range(4)]
+    assert named == [("POST", "/a"), ("POST", "/b"), ("DELETE", "/c?k=v"), ("PATCH", "/d-still-arrivi")]
+    assert _split_request_line(framing.line(9)) == ("UNKNOWN", "/")
 
 
 def test_a_deflate_body_that_does_not_end_its_stream_is_answered_once(proxy: RunningProxy) -> None:
