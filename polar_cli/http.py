@@ -337,18 +337,14 @@ class ShapedErrorsRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self._framing.feed(data)
-        prior = self._last_payload
-        prior_failed = isinstance(prior, StreamReader) and prior.exception() is not None
         idle = self._waiter is not None and not self._waiter.done()  # no request in progress
         queued = len(self._messages)
         super().data_received(data)
-        bodies = [prior]
         for message, payload in list(self._messages)[queued:]:
             exc = getattr(message, "exc", None)
             if not isinstance(message, _ErrInfo) or not isinstance(exc, BaseException):
                 self._handed += 1
                 self._last_payload = payload
-                bodies.append(payload)
                 continue
             body = self._last_payload
             if not idle and isinstance(body, StreamReader) and not body.is_eof() and body.exception() is None:
@@ -362,10 +358,16 @@ class ShapedErrorsRequestHandler(RequestHandler):
                 self._error_targets.clear()
             self._error_targets[id(exc)] = _split_request_line(self._framing.line(self._handed))
         self._framing.forget_before(self._handed)
-        for body in bodies:
-            failed = isinstance(body, StreamReader) and body.exception() is not None
-            if failed and not (body is prior and prior_failed) and not self._close:
-                self.close()  # the parser stops at a bad body: answer this request, then close the connection
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        # the parser stops at a bad body (it parses nothing after it): the answer to that request closes the
+        # connection, so the client's next request starts on a new one
+        body = request.content
+        if isinstance(body, StreamReader) and body.exception() is not None and not resp.prepared:
+            resp.force_close()
+        return await super().finish_response(request, resp, start_time)
 
     def _target(self, request: web.BaseRequest, exc: BaseException | None) -> tuple[str, str]:
         if request.path != "/" or request.method != "UNKNOWN":  # a parsed request: its own method and path

@@ -390,6 +390,30 @@ def test_a_parser_error_after_a_body_in_the_same_chunk_names_its_own_path(proxy:
     assert "brotli" in json.loads(reply)["error"]["message"]
 
 
+def test_a_bad_body_in_the_chunk_that_ends_the_previous_body_is_answered(proxy: RunningProxy) -> None:
+    """The chunk that ends one request's body also holds the next request, whose deflate body is garbage: that
+    request is still answered (in its shape, closing the connection), not dropped with the connection."""
+    session = proxy.new_session(script=[{"content": "ok"}])
+    body = b'{"parts": [{}, {}]}'
+    first = f"DELETE {path_of(session)}/v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    garbage = b"\xa2[\x0e\x84\x05+\x1f"
+    second = (
+        f"POST {path_of(session)}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {session.api_key}\r\nContent-Encoding: deflate\r\n"
+        f"Content-Length: {len(garbage)}\r\n\r\n"
+    ).encode() + garbage
+    with connect(proxy) as sock:
+        sock.sendall(first.encode())
+        assert read_one_reply(sock)[0] == 401
+        sock.sendall(body + second)
+        replies = read_replies(sock)
+    assert len(replies) == 1, replies
+    status, headers, reply = replies[0]
+    assert status == 400 and headers["connection"] == "close", (headers, reply)
+    assert provider_of(json.loads(reply)) == "openai", reply
+    assert session.completions() == []
+
+
 def test_a_parser_error_in_pipelined_requests_names_the_rejected_one(proxy: RunningProxy) -> None:
     """Two requests in one chunk, the first refused by the parser: its answer has the first one's shape."""
     session = proxy.new_session(script=[{"content": "ok"}])
