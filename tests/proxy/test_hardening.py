@@ -7,8 +7,10 @@ routes: the control shape), whether the codec, the proxy, aiohttp's router or ai
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +18,7 @@ import httpx
 import pytest
 
 from polar_cli.errors import brief
+from polar_cli.http import _Framing, _split_request_line
 from polar_cli.proxy.app import MAX_JSON_DEPTH
 
 from .conftest import ProxySession, RunningProxy
@@ -276,6 +279,154 @@ def test_a_framing_error_on_a_kept_alive_connection_names_its_own_path(proxy: Ru
             rest += chunk
     assert rest.startswith(b"HTTP/1.") and rest[9:12] == b"400", rest[:200]
     assert provider_of(json.loads(rest.partition(b"\r\n\r\n")[2])) == "anthropic"
+
+
+def read_replies(sock: socket.socket) -> list[tuple[int, dict[str, str], bytes]]:
+    """Every HTTP reply on ``sock`` until the server closes it (or it stays silent for the socket's timeout)."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        pass
+    replies = []
+    while received:
+        head, _, rest = received.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        replies.append((int(lines[0].split(" ")[1]), headers, rest[:length]))
+        received = rest[length:]
+    return replies
+
+
+def read_one_reply(sock: socket.socket) -> tuple[int, bytes]:
+    """One reply on a kept-alive connection (status, body)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        body += chunk
+    assert len(body) == length, body  # nothing more than this one reply
+    return int(head.split(b" ")[1]), body
+
+
+def connect(proxy: RunningProxy, timeout: float = 10) -> socket.socket:
+    sock = socket.create_connection((httpx.URL(proxy.url).host, httpx.URL(proxy.url).port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+@pytest.mark.parametrize("step", [1, 7, 10_000])
+def test_framing_names_every_request_line_across_bodies(step: int) -> None:
+    """What the server knows of the request lines on a connection, however the bytes are cut into chunks."""
+    stream = (
+        b"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nGET /"
+        b"\r\nPOST /b HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+        b"3;x=1\r\nPUT\r\n2\r\n\r\n\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        b"DELETE /c?k=v HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"PATCH /d-still-arrivi"
+    )
+    framing = _Framing()
+    for at in range(0, len(stream), step):
+        framing.feed(stream[at : at + step])
+    named = [_split_request_line(framing.line(i)) for i in range(4)]
+    assert named == [("POST", "/a"), ("POST", "/b"), ("DELETE", "/c?k=v"), ("PATCH", "/d-still-arrivi")]
+    assert _split_request_line(framing.line(9)) == ("UNKNOWN", "/")
+
+
+def test_a_deflate_body_that_does_not_end_its_stream_is_answered_once(proxy: RunningProxy) -> None:
+    """``{}`` under ``Content-Encoding: deflate`` inflates without an error but never ends its stream: aiohttp's
+    parser raises only once the whole body is in. When the body arrives after the head (the handler already waits
+    for it), that error used to be queued as a request of its own behind the handler, which waited forever."""
+    session = proxy.new_session(script=[{"content": "ok"}])
+    head = (
+        f"POST {path_of(session)}/v1beta/models/g:countTokens HTTP/1.1\r\nHost: x\r\n"
+        f"x-goog-api-key: {session.api_key}\r\nContent-Type: application/json\r\nContent-Encoding: deflate\r\n"
+        "Content-Length: 2\r\n\r\n"
+    ).encode()
+    for parts in ([head + b"{}"], [head, b"{}"]):  # in one piece, then the body after the handler started
+        with connect(proxy) as sock:
+            for part in parts:
+                sock.sendall(part)
+                time.sleep(0.3)
+            replies = read_replies(sock)  # the server closes the connection after its one answer
+        assert len(replies) == 1, replies
+        status, headers, body = replies[0]
+        assert status == 400 and headers["content-type"].startswith("application/json"), (status, body)
+        assert provider_of(json.loads(body)) == "google", body
+    assert session.completions() == []
+
+
+def test_a_parser_error_after_a_body_in_the_same_chunk_names_its_own_path(proxy: RunningProxy) -> None:
+    """A request answered before its body arrived (a 401 that never reads it): the client's next request then comes
+    in the same chunk as that body, ``...}POST /s/...``. A parser error in it (brotli is not installed) is answered
+    in the shape of its own path, not of the request before it."""
+    session = proxy.new_session(script=[{"content": "ok"}])
+    body = b'{"max_tokens": {}}'
+    first = f"DELETE {path_of(session)}/v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    deep = b"[" * 1024 + b"]" * 1024
+    second = (
+        f"POST {path_of(session)}/v1beta/models/g:streamGenerateContent HTTP/1.1\r\nHost: x\r\n"
+        f"x-goog-api-key: {session.api_key}\r\nContent-Type: application/json\r\nContent-Encoding: br\r\n"
+        f"Content-Length: {len(deep)}\r\n\r\n"
+    ).encode() + deep
+    with connect(proxy) as sock:
+        sock.sendall(first.encode())
+        status, reply = read_one_reply(sock)
+        assert status == 401 and provider_of(json.loads(reply)) == "openai", reply
+        sock.sendall(body + second)
+        replies = read_replies(sock)
+    assert len(replies) == 1, replies
+    status, headers, reply = replies[0]
+    assert status == 400 and headers["content-type"].startswith("application/json"), reply
+    assert provider_of(json.loads(reply)) == "google", reply
+    assert "brotli" in json.loads(reply)["error"]["message"]
+
+
+def test_a_bad_body_in_the_chunk_that_ends_the_previous_body_is_answered(proxy: RunningProxy) -> None:
+    """The chunk that ends one request's body also holds the next request, whose deflate body is garbage: that
+    request is still answered (in its shape, closing the connection), not dropped with the connection."""
+    session = proxy.new_session(script=[{"content": "ok"}])
+    body = b'{"parts": [{}, {}]}'
+    first = f"DELETE {path_of(session)}/v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    garbage = b"\xa2[\x0e\x84\x05+\x1f"
+    second = (
+        f"POST {path_of(session)}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {session.api_key}\r\nContent-Encoding: deflate\r\n"
+        f"Content-Length: {len(garbage)}\r\n\r\n"
+    ).encode() + garbage
+    with connect(proxy) as sock:
+        sock.sendall(first.encode())
+        assert read_one_reply(sock)[0] == 401
+        sock.sendall(body + second)
+        replies = read_replies(sock)
+    assert len(replies) == 1, replies
+    status, headers, reply = replies[0]
+    assert status == 400 and headers["connection"] == "close", (headers, reply)
+    assert provider_of(json.loads(reply)) == "openai", reply
+    assert session.completions() == []
+
+
+def test_a_parser_error_in_pipelined_requests_names_the_rejected_one(proxy: RunningProxy) -> None:
+    """Two requests in one chunk, the first refused by the parser: its answer has the first one's shape."""
+    session = proxy.new_session(script=[{"content": "ok"}])
+    bad = (
+        f"POST {path_of(session)}/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\n"
+        "Content-Length: 2\r\n\r\n{}"
+    )
+    good = f"POST {path_of(session)}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}"
+    with connect(proxy) as sock:
+        sock.sendall((bad + good).encode())
+        replies = read_replies(sock)
+    assert len(replies) == 1, replies
+    assert replies[0][0] == 400 and provider_of(json.loads(replies[0][2])) == "anthropic", replies
 
 
 # ---- CPU-heavy work off the event loop ------------------------------------------------------------------------
