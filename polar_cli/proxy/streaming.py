@@ -27,6 +27,7 @@ import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
+from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
 from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
@@ -34,8 +35,7 @@ from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamSt
 log = logging.getLogger("polar.proxy.streaming")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-ABORT = "abort"
-"""finish_reason of a completion whose client left mid-stream: the upstream was stopped; it is not training data."""
+ABORT = ABORTED
 
 
 class UpstreamStream(Protocol):
@@ -99,15 +99,16 @@ class StreamAssembler:
     def feed(self, chunk: dict[str, Any]) -> tuple[StreamStart | None, StreamDelta]:
         """Take one chunk; returns the stream's start (on the first chunk only) and the piece to send."""
         opened = None
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = chunk["prompt_token_ids"]
         if self.start is None:
             self.start = StreamStart(
                 id=str(chunk.get("id") or ""),
                 created=int(chunk.get("created") or time.time()),
                 model=str(chunk.get("model") or ""),
+                prompt_tokens=len(self.prompt_ids or ()),
             )
             opened = self.start
-        if chunk.get("prompt_token_ids") is not None:
-            self.prompt_ids = chunk["prompt_token_ids"]
         delta = StreamDelta()
         choices = chunk.get("choices") or []
         if not choices:

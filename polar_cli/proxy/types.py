@@ -164,6 +164,7 @@ class StreamStart:
     id: str
     created: int
     model: str
+    prompt_tokens: int = 0
 
 
 @dataclass

@@ -10,10 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
+from polar_cli.builders import build_trajectory
+from polar_cli.models import Completion
 from polar_cli.proxy.codecs import get_codec
 from polar_cli.proxy.types import ChatRequest, Generation
 
@@ -147,6 +150,9 @@ def test_a_client_that_leaves_aborts_the_upstream_and_leaves_an_abort_completion
 
     loop_thread.run(closed())
     assert upstream.streams_finished == 0
+    # kept for the record, never trained on: the builders drop it
+    trajectory = build_trajectory("per_request", [Completion.model_validate(record)])
+    assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
 
 
 def test_synthetic_mode_and_backends_without_token_streams_replay_the_whole_answer(
@@ -179,3 +185,34 @@ def test_the_synthetic_stream_is_the_incremental_encoder_driven_with_the_whole_a
     assert frames[-2:] == ["data: [DONE]", ""]
     kinds = [f[6:60] for f in frames[:-2]]
     assert len(kinds) == 7  # role, reasoning, content, tool header, tool arguments, finish, usage
+
+
+def test_anthropic_passthrough_streams_text_deltas_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    messages: Any = [{"role": "user", "content": "hello"}]
+    with client.messages.stream(model="m", max_tokens=16, messages=messages) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert pieces == ["echo:", " hello"]
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3 and final.usage.input_tokens == 3
+    plain = client.messages.create(model="m", max_tokens=16, messages=messages)
+    assert [b.model_dump(exclude={"parsed_output"}) for b in final.content] == [b.model_dump() for b in plain.content]
+    assert plain.id == final.id
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+
+
+def test_anthropic_upstream_failure_mid_stream_is_an_error_event(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    upstream.actions.append("break")
+    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    messages: Any = [{"role": "user", "content": "x"}]
+    with pytest.raises(anthropic.APIError), client.messages.stream(model="m", max_tokens=16, messages=messages) as s:
+        list(s.text_stream)
+    assert session.completions() == []

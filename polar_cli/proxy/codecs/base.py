@@ -46,7 +46,8 @@ class StreamEncoder(ABC):
 
 def replay(encoder: StreamEncoder, generation: Generation) -> Iterator[bytes]:
     """The synthetic stream: a whole generation driven through an incremental encoder as a few big pieces."""
-    yield encoder.open(StreamStart(id=generation.id, created=generation.created, model=generation.model))
+    start = StreamStart(generation.id, generation.created, generation.model, generation.prompt_tokens)
+    yield encoder.open(start)
     for delta in StreamDelta.pieces_of(generation):
         out = encoder.delta(delta)
         if out:
