@@ -216,3 +216,25 @@ def test_anthropic_upstream_failure_mid_stream_is_an_error_event(
     with pytest.raises(anthropic.APIError), client.messages.stream(model="m", max_tokens=16, messages=messages) as s:
         list(s.text_stream)
     assert session.completions() == []
+
+
+def test_responses_passthrough_streams_text_deltas_with_logprobs_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    client = _client(session)
+    events = list(
+        client.responses.create(model="m", input="hello", stream=True, include=["message.output_text.logprobs"])
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [e.delta for e in deltas] == ["echo:", " hello"]
+    assert [lp.logprob for e in deltas for lp in e.logprobs] == [-0.5, -0.5]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response  # type: ignore[union-attr]
+    plain = client.responses.create(model="m", input="hello")
+    assert final.output_text == plain.output_text == "echo: hello" and final.id == plain.id
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
