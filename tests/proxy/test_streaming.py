@@ -14,6 +14,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google import genai
+from google.genai import types
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
@@ -235,6 +237,26 @@ def test_responses_passthrough_streams_text_deltas_with_logprobs_and_records_wha
     final = events[-1].response  # type: ignore[union-attr]
     plain = client.responses.create(model="m", input="hello")
     assert final.output_text == plain.output_text == "echo: hello" and final.id == plain.id
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+
+
+def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    options = types.HttpOptions(base_url=session.google_base, retry_options=types.HttpRetryOptions(attempts=1))
+    client = genai.Client(api_key=session.api_key, http_options=options)
+    try:
+        chunks = list(client.models.generate_content_stream(model="m", contents="hello"))
+        assert [c.text for c in chunks] == ["echo:", " hello"]
+        assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+        assert chunks[-1].usage_metadata and chunks[-1].usage_metadata.candidates_token_count == 3
+        plain = client.models.generate_content(model="m", contents="hello")
+        assert plain.text == "echo: hello" and plain.response_id == chunks[0].response_id
+    finally:
+        client.close()
     streamed, answered = session.completions()
     for key in TOKEN_FIELDS:
         assert streamed[key] == answered[key], key
