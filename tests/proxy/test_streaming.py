@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -260,3 +261,16 @@ def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
     streamed, answered = session.completions()
     for key in TOKEN_FIELDS:
         assert streamed[key] == answered[key], key
+
+
+def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_once(
+    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    running = start_proxy()  # scripted: no token-id stream
+    session = running.new_session(script=[{"content": "one"}, {"content": "two"}])
+    client = _client(session)
+    with caplog.at_level(logging.INFO, logger="polar.proxy"):
+        for expected in ("one", "two"):
+            stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+    assert sum("streams are synthetic" in r.getMessage() for r in caplog.records) == 1
