@@ -34,8 +34,14 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": "bench"}
-        if not body.get("stream"):
-            raise web.HTTPBadRequest(text="this fake only streams")
+        if not body.get("stream"):  # the whole answer once every token is sampled (the synthetic path's call)
+            await asyncio.sleep(tokens / rate)
+            entry = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
+            message = {"role": "assistant", "content": "ok " * (tokens - 1)}
+            choice = {"index": 0, "message": message, "logprobs": {"content": [entry] * tokens},
+                      "finish_reason": "stop", "token_ids": [100 + n for n in range(tokens)]}  # fmt: skip
+            answer = {**head, "object": "chat.completion", "prompt_token_ids": PROMPT_IDS, "choices": [choice]}
+            return web.json_response(answer)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         first = {**head, "prompt_token_ids": PROMPT_IDS, "choices": [{"index": 0, "delta": {"role": "assistant",
@@ -120,9 +126,7 @@ async def main(tokens: int, rate: float, requests: int) -> None:
                         results.setdefault((f"proxy {mode}", provider), []).append(await timed(http, *call))
     for runner in reversed(runners):
         await runner.cleanup()
-    print(
-        f"{tokens} tokens at {rate:g} tokens/s (generation alone: {tokens / rate * 1000:.0f} ms); median of {requests}"
-    )
+    print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms); median of {requests}")
     print(f"{'path':<20} {'protocol':<18} {'TTFB ms':>9} {'total ms':>9}")
     for (path, provider), samples in results.items():
         ttfb = statistics.median(s[0] for s in samples) * 1000
