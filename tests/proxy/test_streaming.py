@@ -94,6 +94,13 @@ def test_passthrough_returns_logprobs_to_a_client_that_asks(
     )
     entries = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
     assert [e.logprob for e in entries] == [-0.5] * 3
+    plain = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], logprobs=True
+    )
+    assert plain.choices[0].logprobs is not None and plain.choices[0].logprobs.content is not None
+    assert [e.logprob for e in plain.choices[0].logprobs.content] == [-0.5] * 3
+    unasked = _client(session).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert unasked.choices[0].logprobs is None
 
 
 @pytest.mark.parametrize("failure", ["break", "error_chunk"])

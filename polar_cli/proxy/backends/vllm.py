@@ -75,6 +75,9 @@ class VllmClient(HttpChatClient):
         body = self.upstream_body(request, model)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
+        top = request.context.get("top_logprobs")
+        if isinstance(top, int) and top > 0 and request.context.get("logprobs"):
+            body["top_logprobs"] = min(top, 20)  # the client's alternatives ride along; the sampled logprob is the same
         data = orjson.dumps(body)
         url = self.base + "/v1/chat/completions"
 

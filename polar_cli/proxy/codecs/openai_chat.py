@@ -136,6 +136,19 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None  # vLLM rejects an empty tool list
 
 
+def sampled_logprobs(generation: Generation) -> dict[str, Any] | None:
+    """``logprobs.content`` of a JSON answer: each sampled token's logprob (top_logprobs only when streamed)."""
+    if generation.response_logprobs is None:
+        return None
+    tokens = generation.response_tokens or [""] * len(generation.response_logprobs)
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(tokens, generation.response_logprobs, strict=True)
+        ]
+    }
+
+
 def usage_of(generation: Generation) -> dict[str, int]:
     p, c = generation.prompt_tokens, generation.completion_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -227,7 +240,11 @@ class OpenAIChatCodec(Codec):
             tool_choice=choice,
             params=params,
             stream=bool(body.get("stream")),
-            context={"include_usage": include_usage, "logprobs": bool(body.get("logprobs"))},
+            context={
+                "include_usage": include_usage,
+                "logprobs": bool(body.get("logprobs")),
+                "top_logprobs": body.get("top_logprobs") if isinstance(body.get("top_logprobs"), int) else 0,
+            },
         )
 
     def _message(self, generation: Generation) -> dict[str, Any]:
@@ -254,7 +271,7 @@ class OpenAIChatCodec(Codec):
                 {
                     "index": 0,
                     "message": self._message(generation),
-                    "logprobs": None,
+                    "logprobs": sampled_logprobs(generation) if request.context.get("logprobs") else None,
                     "finish_reason": generation.finish_reason,
                 }
             ],
