@@ -11,6 +11,7 @@ from polar_cli.builders.config import BuilderConfig
 from polar_cli.errors import BuildError
 from polar_cli.interfaces.builder import BuildContext
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory, TrajectoryStatus
+from polar_cli.models.completion import ABORTED
 
 PLACEHOLDER_LOGPROB = 0.0
 
@@ -32,8 +33,10 @@ def gc_paused() -> Iterator[None]:
 
 
 def ordered_completions(completions: Sequence[Completion], config: BuilderConfig, builder: str) -> list[Completion]:
-    """The session's completions in capture order, after refusing what an RL builder must not use."""
-    ordered = sorted(completions, key=lambda c: c.index)
+    """The session's completions in capture order, after refusing what an RL builder must not use. Aborted calls
+    (the client left mid-stream; ``finish_reason == "abort"``) are dropped: a partial answer nobody read is no
+    training data."""
+    ordered = sorted((c for c in completions if c.finish_reason != ABORTED), key=lambda c: c.index)
     sessions = {c.session_id for c in ordered}
     if len(sessions) > 1:
         raise BuildError(f"builder {builder!r} got completions of {len(sessions)} sessions: {sorted(sessions)}")

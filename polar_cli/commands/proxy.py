@@ -49,6 +49,12 @@ def proxy(
     backend_retries: int | None = typer.Option(
         None, "--backend-retries", min=0, help="Retries of a transient backend failure (default 3).", show_default=False
     ),
+    stream_mode: str = typer.Option(
+        "passthrough",
+        "--stream-mode",
+        help="Streaming requests: passthrough (re-encode the backend's stream as it comes; vllm only, others fall "
+        "back to synthetic) or synthetic (wait for the whole answer, then replay it).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
@@ -68,6 +74,7 @@ def proxy(
         public_url=public_url,
         control_token=token,
         backend_timeout_s=backend_timeout,
+        stream_mode=stream_mode,
     )
     if backend_retries is not None:
         options["retry"] = {"attempts": backend_retries + 1}

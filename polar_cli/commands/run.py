@@ -105,6 +105,9 @@ def run(
     script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
     backend_timeout: float | None = typer.Option(None, "--backend-timeout", help="Seconds per backend attempt."),
     backend_retries: int | None = typer.Option(None, "--backend-retries", min=0, help="Retries of a failed call."),
+    stream_mode: str = typer.Option(
+        "passthrough", "--stream-mode", help="passthrough (vllm streams as it samples) or synthetic (replayed)."
+    ),
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", help="Harnesses running at once."),
@@ -132,7 +135,7 @@ def run(
     task = build_task(task_file, overrides)
     proxy_options: dict[str, Any] = {
         "backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script,
-        "backend_timeout_s": backend_timeout,
+        "backend_timeout_s": backend_timeout, "stream_mode": stream_mode,
     }  # fmt: skip
     if backend_retries is not None:
         proxy_options["retry"] = {"attempts": backend_retries + 1}

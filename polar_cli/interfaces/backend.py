@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
 from polar_cli.interfaces.base import Component
 from polar_cli.proxy.types import ChatRequest, Generation
+
+if TYPE_CHECKING:
+    from polar_cli.proxy.streaming import UpstreamStream
 
 
 class BackendClient(ABC):
@@ -26,6 +29,12 @@ class BackendClient(ABC):
 
     name: ClassVar[str] = ""
     session_options: ClassVar[type[BaseModel] | None] = None
+    streams_token_ids: ClassVar[bool] = False
+    """True when ``open_stream`` streams chunks with token ids (pass-through streaming); else streams are synthetic."""
+
+    async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
+        """Start a streaming generation (only where ``streams_token_ids``); raises BackendError before any chunk."""
+        raise NotImplementedError(f"the {self.name} backend does not stream token ids")
 
     @abstractmethod
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:

@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Provider = Literal["anthropic", "openai_chat", "openai_responses", "google"]
 TokenSource = Literal["backend", "retokenized"]
+ABORTED = "abort"
+"""``finish_reason`` of a call whose client left mid-stream: the proxy stopped the backend and recorded the partial
+answer (``metadata.delivery == "aborted"``). It is kept for the record, never trained on: builders drop it."""
 
 
 class Completion(BaseModel):

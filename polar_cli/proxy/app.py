@@ -32,21 +32,21 @@ from polar_cli.http import (
     status_for,
 )
 from polar_cli.ids import SESSION_ID_RULE, is_session_id
-from polar_cli.proxy.capture import check_generation, completion_record
+from polar_cli.proxy.capture import Delivery, check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
-from polar_cli.proxy.codecs.base import Codec
+from polar_cli.proxy.codecs.base import Codec, StreamEncoder
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.control import add_control_routes
 from polar_cli.proxy.models_list import models_body
 from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy.streaming import SSE_HEADERS, pump
 from polar_cli.proxy.types import ChatRequest, Generation
 
 log = logging.getLogger("polar.proxy")
 
 PROXY_STATE = web.AppKey("polar_proxy_state", ProxyState)
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 MAX_JSON_DEPTH = 128
 """Deepest nesting of arrays/objects a request body may have. orjson writes at most 255 levels and the journal
@@ -144,6 +144,7 @@ class ProxyHandler:
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self._fallback_logged = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.time()
@@ -205,14 +206,48 @@ class ProxyHandler:
         journal the record → answer. A failure at any step before the journal write answers an error and records
         nothing; the journal line is flushed before the answer's first byte is sent."""
         chat = codec.decode(body, found.route)
+        encoder = codec.encoder(chat) if chat.stream and request is not None else None
+        if encoder is not None and request is not None and self._passthrough(codec):
+            return await self._stream(session, codec, encoder, found, body, raw, started, chat, request)
         generation = await self._call_backend(session, chat)
         check_generation(generation)  # an invalid answer is a 502 and is never journaled
         if chat.stream:
-            answer = web.Response(body=b"".join(codec.stream(generation, chat)), status=200, headers=_SSE_HEADERS)
+            answer = web.Response(body=b"".join(codec.stream(generation, chat)), status=200, headers=SSE_HEADERS)
         else:
             answer = _json(codec.encode(generation, chat))
         transport = request.transport if request is not None else None
         gone = request is not None and (transport is None or transport.is_closing())
+        await self._record(
+            session, codec, found, body, raw, started, chat, generation, "client_gone" if gone else "answered"
+        )
+        return answer
+
+    def _passthrough(self, codec: Codec) -> bool:
+        """Whether a streaming request is passed through (else replayed); the fallback is logged once per proxy."""
+        if self.state.config.stream_mode != "passthrough":
+            return False
+        if self.state.backend.streams_token_ids:
+            return True
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            log.info(
+                "stream_mode passthrough: the %s backend does not stream token ids; streams are synthetic",
+                self.state.backend.name or type(self.state.backend).__name__,
+            )
+        return False
+
+    async def _record(
+        self,
+        session: Session,
+        codec: Codec,
+        found: Detected,
+        body: dict[str, Any],
+        raw: bytes,
+        started: float,
+        chat: ChatRequest,
+        generation: Generation,
+        delivery: Delivery,
+    ) -> None:
         record = completion_record(
             session_id=session.session_id,
             index=session.count,
@@ -224,10 +259,43 @@ class ProxyHandler:
             finished_at=time.time(),
             path=found.route.path,
             raw_body=raw,
-            delivery="client_gone" if gone else "answered",
+            delivery=delivery,
         )
-        await self.state.registry.record(session, record)  # on disk before the harness sees the answer
-        return answer
+        await self.state.registry.record(session, record)  # on disk before the harness sees the answer('s end)
+
+    async def _stream(
+        self,
+        session: Session,
+        codec: Codec,
+        encoder: StreamEncoder,
+        found: Detected,
+        body: dict[str, Any],
+        raw: bytes,
+        started: float,
+        chat: ChatRequest,
+        request: web.Request,
+    ) -> web.StreamResponse:
+        """Pass-through streaming (:mod:`polar_cli.proxy.streaming`): errors before the upstream answers are
+        ordinary error responses; after that they are the provider's stream error event."""
+        left = session.time_left()
+        if left is not None and left <= 0:
+            raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
+        with call_deadline(session.deadline):
+            upstream = await self.state.backend.open_stream(chat, session_id=session.session_id)
+
+        async def record(generation: Generation, delivery: Delivery) -> None:
+            await self._record(session, codec, found, body, raw, started, chat, generation, delivery)
+
+        return await pump(
+            request,
+            upstream,
+            codec,
+            encoder,
+            chat,
+            record,
+            backend=self.state.backend.name,
+            time_left=session.time_left(),
+        )
 
     async def _call_backend(self, session: Session, chat: ChatRequest) -> Generation:
         """One generation, never outliving the session's deadline (a provider-shaped 504 when it passes)."""

@@ -18,9 +18,11 @@ from polar_cli.errors import BackendError
 from polar_cli.models import Provider
 from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds
 
-Delivery = Literal["answered", "client_gone"]
+Delivery = Literal["answered", "client_gone", "aborted"]
 """``answered``: the line was flushed, then the answer was handed to the client's connection. ``client_gone``: the
-backend's answer was complete, but the client had disconnected before it could be sent."""
+backend's answer was complete, but the client had disconnected before it could be sent. ``aborted``: a pass-through
+stream's client disconnected mid-answer, the upstream was stopped, and the record holds what was sampled until then
+(finish_reason ``abort``: not training data)."""
 
 _DIGITS = b"0123456789"
 

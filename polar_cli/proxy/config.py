@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -34,6 +34,11 @@ class ProxyConfig(StrictModel):
     backend_timeout_s: float | None = Field(default=None, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
+    stream_mode: Literal["passthrough", "synthetic"] = Field(
+        default="passthrough",
+        description="streaming requests: re-encode the backend's stream as it comes (backends that stream token "
+        "ids: vllm; others fall back to synthetic) or wait for the whole answer and replay it",
+    )
 
     @field_validator("control_token", mode="before")
     @classmethod

@@ -155,3 +155,46 @@ class Generation:
     def reasoning(self) -> str | None:
         value = self.message.get("reasoning_content") or self.message.get("reasoning")
         return value if isinstance(value, str) and value else None
+
+
+@dataclass
+class StreamStart:
+    """What an upstream stream says before any content: the answer's id, creation time and model."""
+
+    id: str
+    created: int
+    model: str
+    prompt_tokens: int = 0
+
+
+@dataclass
+class StreamDelta:
+    """One piece of an answer as it streams: reasoning text, content text and/or tool-call fragments.
+
+    ``tool_calls`` are OpenAI stream fragments ``{"index", "id"?, "function": {"name"?, "arguments"?}}``: the first
+    fragment of a call carries its id and name. ``logprobs`` are the OpenAI ``logprobs.content`` entries of the tokens
+    this piece came from (empty when the client did not ask or a parser held the text back).
+    """
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.tool_calls or self.logprobs)
+
+    @classmethod
+    def pieces_of(cls, generation: Generation) -> list[StreamDelta]:
+        """A whole generation as pieces, in answer order: reasoning, text, then one piece per tool call."""
+        pieces = []
+        if generation.reasoning:
+            pieces.append(cls(reasoning=generation.reasoning))
+        if generation.text:
+            pieces.append(cls(content=generation.text))
+        for index, call in enumerate(generation.tool_calls):
+            fn = call.get("function") or {}
+            function = {"name": fn.get("name"), "arguments": fn.get("arguments") or ""}
+            fragment = {"index": index, "id": call.get("id"), "function": function}
+            pieces.append(cls(tool_calls=[fragment]))
+        return pieces

@@ -137,8 +137,9 @@ PROMPT = "Create hello.txt, then say done."
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 
 
-def provider_call(provider: Provider, session: ProxySession) -> httpx.Response:
-    """One non-streaming generation call in ``provider``'s wire shape, greedy, with one tool."""
+def provider_call(provider: Provider, session: ProxySession, stream: bool = False) -> httpx.Response:
+    """One generation call in ``provider``'s wire shape, greedy, with one tool (streamed when ``stream``)."""
+    flag = {"stream": True} if stream else {}
     if provider == "openai_chat":
         return httpx.post(
             f"{session.openai_base}/chat/completions",
@@ -151,6 +152,7 @@ def provider_call(provider: Provider, session: ProxySession) -> httpx.Response:
                 "seed": 0,
                 "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
                 "tools": [{"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}],
+                **flag,
             },
         )
     if provider == "openai_responses":
@@ -165,6 +167,7 @@ def provider_call(provider: Provider, session: ProxySession) -> httpx.Response:
                 "instructions": SYSTEM,
                 "input": PROMPT,
                 "tools": [{"type": "function", "name": "bash", "parameters": SCHEMA}],
+                **flag,
             },
         )
     if provider == "anthropic":
@@ -179,10 +182,12 @@ def provider_call(provider: Provider, session: ProxySession) -> httpx.Response:
                 "system": SYSTEM,
                 "messages": [{"role": "user", "content": PROMPT}],
                 "tools": [{"name": "bash", "input_schema": SCHEMA}],
+                **flag,
             },
         )
+    action = "streamGenerateContent?alt=sse" if stream else "generateContent"
     return httpx.post(
-        f"{session.google_base}/v1beta/models/m:generateContent",
+        f"{session.google_base}/v1beta/models/m:{action}",
         timeout=120,
         headers={"x-goog-api-key": session.api_key},
         json={
@@ -215,14 +220,19 @@ def direct_call(vllm_url: str, record: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "passthrough-stream"])
 @pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "google"])
-def test_recorded_ids_equal_vllm_ids(provider: Provider, vllm_proxy: RunningProxy, vllm_url: str) -> None:
+def test_recorded_ids_equal_vllm_ids(provider: Provider, vllm_proxy: RunningProxy, vllm_url: str, stream: bool) -> None:
     if get_codec(provider) is None:
         pytest.skip(f"the {provider} codec module is not in this tree yet")
     session = vllm_proxy.new_session()
-    resp = provider_call(provider, session)
+    resp = provider_call(provider, session, stream)
     assert resp.status_code == 200, resp.text
+    if stream:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.text.count("data: ") > 2 and '"error":{' not in resp.text
     [record] = session.completions()
+    assert record["metadata"]["stream"] is stream and record["metadata"]["delivery"] == "answered"
     assert record["provider"] == provider and record["backend"] == "vllm" and record["token_source"] == "backend"
     direct = direct_call(vllm_url, record)
     assert record["prompt_ids"] == direct["prompt_token_ids"]

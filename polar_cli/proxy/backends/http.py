@@ -56,6 +56,17 @@ def _error_message(raw: bytes) -> str:
     return str(data)[:500]
 
 
+def upstream_error(name: str, status: int, raw: bytes, retry_after: str | None) -> BackendError:
+    """The BackendError for an upstream HTTP error answer (retryable when transient, Retry-After kept)."""
+    err = BackendError(
+        f"{name} backend returned HTTP {status}: {_error_message(raw)}",
+        status=status if status < 500 or status in _PASSED_STATUSES else 502,
+        retryable=status in RETRYABLE_STATUSES,
+    )
+    err.retry_after = parse_retry_after(retry_after)  # type: ignore[attr-defined]
+    return err
+
+
 def assistant_message(raw: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI assistant message with only the fields Polar uses (vLLM's ``reasoning`` → reasoning_content)."""
     message: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
@@ -133,14 +144,7 @@ class HttpChatClient(BackendClient):
                 f"{self.name} backend at {self.base} unreachable: {type(exc).__name__}: {exc}", retryable=True
             ) from exc
         if status >= 400:
-            upstream = _error_message(raw)
-            err = BackendError(
-                f"{self.name} backend returned HTTP {status}: {upstream}",
-                status=status if status < 500 or status in _PASSED_STATUSES else 502,
-                retryable=status in RETRYABLE_STATUSES,
-            )
-            err.retry_after = parse_retry_after(retry_after)  # type: ignore[attr-defined]
-            raise err
+            raise upstream_error(self.name, status, raw, retry_after)
         try:
             return load(raw)
         except (ValueError, TypeError, AttributeError) as exc:  # orjson.JSONDecodeError is a ValueError

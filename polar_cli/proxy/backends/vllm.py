@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import orjson
 
 from polar_cli.errors import BackendError
-from polar_cli.proxy.backends.http import HttpChatClient, base_generation
+from polar_cli.proxy.backends.http import HttpChatClient, base_generation, upstream_error
+from polar_cli.proxy.retry import with_retries
+from polar_cli.proxy.streaming import UpstreamStream, UpstreamStreamError, sse_chunks
 from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds
 
 _SWITCHES = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
@@ -40,8 +45,74 @@ def split_prompt_ids(raw: bytes) -> tuple[bytes, JsonTokenIds] | None:
     return raw[:start] + b"[]" + raw[end + 1 :], JsonTokenIds(array)
 
 
+class VllmStream:
+    """One open streaming response from vLLM, its first chunk already read."""
+
+    def __init__(self, response: aiohttp.ClientResponse, chunks: AsyncIterator[dict[str, Any]], first: dict[str, Any]):
+        self.response = response
+        self._chunks = chunks
+        self._first = first
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield self._first
+            async for chunk in self._chunks:
+                yield chunk
+        finally:
+            self.response.release()
+
+    def abort(self) -> None:
+        self.response.close()  # drops the connection: vLLM stops generating for a client that went away
+
+
 class VllmClient(HttpChatClient):
     name = "vllm"
+    streams_token_ids = True
+
+    async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
+        """POST a streaming chat request; transient failures before the first byte are retried like ``generate``."""
+        model = await self.served_model()
+        body = self.upstream_body(request, model)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": False}
+        top = request.context.get("top_logprobs")
+        if isinstance(top, int) and top > 0 and request.context.get("logprobs"):
+            body["top_logprobs"] = min(top, 20)  # the client's alternatives ride along; the sampled logprob is the same
+        data = orjson.dumps(body)
+        url = self.base + "/v1/chat/completions"
+
+        async def attempt(budget: float) -> UpstreamStream:
+            # the budget bounds connecting and the headers; the body streams for as long as the session allows
+            timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s
+            )
+            try:
+                async with asyncio.timeout(budget):
+                    response = await self.session.post(url, data=data, timeout=timeout)
+                    if response.status >= 400:
+                        raw = await response.read()
+                        response.release()
+                        raise upstream_error(self.name, response.status, raw, response.headers.get("Retry-After"))
+                    chunks = sse_chunks(response.content)
+                    try:  # a stream cut before its first chunk is as transient as a reset: tried again
+                        first = await anext(chunks)
+                    except (StopAsyncIteration, UpstreamStreamError, aiohttp.ClientPayloadError) as exc:
+                        response.close()
+                        raise BackendError(
+                            f"{self.name} backend at {self.base} ended its stream before the first chunk: {exc}",
+                            retryable=True,
+                        ) from exc
+            except TimeoutError as exc:
+                raise BackendError(f"{self.name} backend at {self.base} timed out", status=504, retryable=True) from exc
+            except aiohttp.ClientConnectionError as exc:
+                raise BackendError(
+                    f"{self.name} backend at {self.base} unreachable: {type(exc).__name__}: {exc}", retryable=True
+                ) from exc
+            return VllmStream(response, chunks, first)
+
+        return await with_retries(
+            attempt, self.config.retry, timeout_s=self.config.timeout_s, what=f"{self.name} backend at {self.base}"
+        )
 
     def load_answer(self, raw: bytes) -> Any:
         split = split_prompt_ids(raw)

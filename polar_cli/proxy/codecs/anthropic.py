@@ -11,17 +11,16 @@ synthetic stream replays it with a named ``event:`` line on every frame (Claude 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import orjson
 
 from polar_cli.models import Provider
 from polar_cli.proxy.codecs.anthropic_input import decode_request
-from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, load_arguments, new_id, sign_thinking, stable_id
 from polar_cli.proxy.sse import sse_event
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {
@@ -86,30 +85,100 @@ def _frame(event: str, data: dict[str, Any]) -> bytes:
     return sse_event(data, event)
 
 
-def _block_events(index: int, block: dict[str, Any]) -> Iterator[bytes]:
-    kind = block["type"]
+class AnthropicStreamEncoder(StreamEncoder):
+    """Messages stream events: ``message_start`` + ``ping``; a content block per kind of piece in arrival order
+    (thinking → ``thinking_delta``s then, at its end, a ``signature_delta`` over the whole thinking text; text →
+    ``text_delta``s; each tool call → one ``input_json_delta`` of its complete, normalized input when the call ends,
+    since a partial argument string may not be JSON the client can parse); an empty text block when the answer had
+    neither text nor tool calls; ``message_delta`` (stop reason, usage) and ``message_stop``."""
 
-    def delta(payload: dict[str, Any]) -> bytes:
-        return _frame("content_block_delta", {"type": "content_block_delta", "index": index, "delta": payload})
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.index = -1
+        self.kind: str | None = None  # the open block: "thinking", "text", "tool_use"
+        self.call: int | None = None  # the open tool call's index
+        self.thinking: list[str] = []
+        self.arguments: list[str] = []
+        self.wrote_text = False
+        self.wrote_tool = False
+        self.message_id = ""
+        self.generation_id = ""
 
-    if kind == "thinking":
-        start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-    elif kind == "text":
-        start = {"type": "text", "text": ""}
-    else:
-        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-    yield _frame("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})
-    if kind == "thinking":
-        for piece in chunks(block["thinking"]):
-            yield delta({"type": "thinking_delta", "thinking": piece})
-        yield delta({"type": "signature_delta", "signature": block["signature"]})
-    elif kind == "text":
-        for piece in chunks(block["text"]):
-            yield delta({"type": "text_delta", "text": piece})
-    else:
-        for piece in chunks(orjson.dumps(block["input"]).decode()):
-            yield delta({"type": "input_json_delta", "partial_json": piece})
-    yield _frame("content_block_stop", {"type": "content_block_stop", "index": index})
+    def open(self, start: StreamStart) -> bytes:
+        self.message_id = stable_id("msg_", start.id) if start.id else new_id("msg_")
+        self.generation_id = start.id
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": start.prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return _frame("message_start", {"type": "message_start", "message": message}) + _frame("ping", {"type": "ping"})
+
+    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._stop()
+        self.index += 1
+        self.kind = kind
+        frame = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return out + _frame("content_block_start", frame)
+
+    def _delta(self, payload: dict[str, Any]) -> bytes:
+        return _frame("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": payload})
+
+    def _stop(self) -> bytes:
+        if self.kind is None:
+            return b""
+        out = b""
+        if self.kind == "thinking":
+            out += self._delta({"type": "signature_delta", "signature": sign_thinking("".join(self.thinking))})
+        elif self.kind == "tool_use":
+            arguments = orjson.dumps(load_arguments("".join(self.arguments))).decode()
+            out += b"".join(self._delta({"type": "input_json_delta", "partial_json": p}) for p in chunks(arguments))
+        self.kind = None
+        return out + _frame("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
+    def delta(self, delta: StreamDelta) -> bytes:
+        out = b""
+        if delta.reasoning:
+            if self.kind != "thinking":
+                out += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            self.thinking.append(delta.reasoning)
+            out += b"".join(self._delta({"type": "thinking_delta", "thinking": p}) for p in chunks(delta.reasoning))
+        if delta.content:
+            if self.kind != "text":
+                out += self._start("text", {"type": "text", "text": ""})
+                self.wrote_text = True
+            out += b"".join(self._delta({"type": "text_delta", "text": p}) for p in chunks(delta.content))
+        for fragment in delta.tool_calls:
+            index = int(fragment.get("index") or 0)
+            fn = fragment.get("function") or {}
+            if self.kind != "tool_use" or self.call != index:
+                call_id = fragment.get("id") or stable_id("toolu_", self.generation_id, index)
+                block: dict[str, Any] = {"type": "tool_use", "id": call_id, "name": fn.get("name") or "", "input": {}}
+                out += self._start("tool_use", block)
+                self.call = index
+                self.arguments = []
+                self.wrote_tool = True
+            self.arguments.append(fn.get("arguments") or "")
+        return out
+
+    def close(self, generation: Generation) -> bytes:
+        out = self._stop()
+        if not self.wrote_text and not self.wrote_tool:
+            out += self._start("text", {"type": "text", "text": ""}) + self._stop()
+        reason, sequence = stop_reason(generation, self.request)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        out += _frame("message_delta", {"type": "message_delta", "delta": delta, "usage": _usage(generation)})
+        return out + _frame("message_stop", {"type": "message_stop"})
 
 
 class AnthropicCodec(Codec):
@@ -139,23 +208,8 @@ class AnthropicCodec(Codec):
             "usage": _usage(generation),
         }
 
-    def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
-        final = self.encode(generation, request)
-        usage = final["usage"]
-        start = {
-            **final,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {**usage, "output_tokens": 0},
-        }
-        yield _frame("message_start", {"type": "message_start", "message": start})
-        yield _frame("ping", {"type": "ping"})
-        for index, block in enumerate(final["content"]):
-            yield from _block_events(index, block)
-        delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
-        yield _frame("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-        yield _frame("message_stop", {"type": "message_stop"})
+    def encoder(self, request: ChatRequest) -> AnthropicStreamEncoder:
+        return AnthropicStreamEncoder(request)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")

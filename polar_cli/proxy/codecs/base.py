@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from polar_cli.models import Provider
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 
 @dataclass
@@ -27,6 +27,34 @@ class Route:
     action: str | None = None
 
 
+class StreamEncoder(ABC):
+    """Encodes one answer as the provider's SSE events, piece by piece: ``open`` once, ``delta`` per upstream piece,
+    ``close`` with the finished generation. The synthetic stream and the pass-through pump both drive it."""
+
+    @abstractmethod
+    def open(self, start: StreamStart) -> bytes:
+        """The events before any content (role chunk, message_start ...)."""
+
+    @abstractmethod
+    def delta(self, delta: StreamDelta) -> bytes:
+        """The events for one piece of reasoning, text or tool call."""
+
+    @abstractmethod
+    def close(self, generation: Generation) -> bytes:
+        """The closing events (finish reason, usage, terminator) once the whole generation is known."""
+
+
+def replay(encoder: StreamEncoder, generation: Generation) -> Iterator[bytes]:
+    """The synthetic stream: a whole generation driven through an incremental encoder as a few big pieces."""
+    start = StreamStart(generation.id, generation.created, generation.model, generation.prompt_tokens)
+    yield encoder.open(start)
+    for delta in StreamDelta.pieces_of(generation):
+        out = encoder.delta(delta)
+        if out:
+            yield out
+    yield encoder.close(generation)
+
+
 class Codec(ABC):
     """Translates one provider protocol to and from the normalized chat shape."""
 
@@ -40,9 +68,16 @@ class Codec(ABC):
     def encode(self, generation: Generation, request: ChatRequest) -> dict[str, Any]:
         """The non-streaming response body, exactly in the provider's shape."""
 
-    @abstractmethod
+    def encoder(self, request: ChatRequest) -> StreamEncoder | None:
+        """The incremental stream encoder for ``request``; None where the codec only has a synthetic stream."""
+        return None
+
     def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
         """The synthetic SSE stream for the same answer, in the provider's exact event order."""
+        encoder = self.encoder(request)
+        if encoder is None:
+            raise NotImplementedError(f"{type(self).__name__} has neither stream() nor encoder()")
+        return replay(encoder, generation)
 
     @abstractmethod
     def error_body(self, status: int, message: str) -> dict[str, Any]:

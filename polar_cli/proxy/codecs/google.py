@@ -14,16 +14,15 @@ in chunks, the text in chunks, all function calls in one chunk; the last chunk a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from polar_cli.errors import ProtocolError
 from polar_cli.models import Provider
-from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, load_arguments, new_id, seal_thought, stable_id
 from polar_cli.proxy.codecs.google_input import decode_request
 from polar_cli.proxy.sse import sse_event
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 _STATUS = {
@@ -49,14 +48,36 @@ def _model(route: Route, body: dict[str, Any]) -> str:
 
 
 def response_id(generation: Generation) -> str:
-    return stable_id("", generation.id)[:22] if generation.id else new_id("")[:22]
+    return _response_id(generation.id)
+
+
+def _response_id(generation_id: str) -> str:
+    return stable_id("", generation_id)[:22] if generation_id else new_id("")[:22]
+
+
+def envelope(rid: str, request: ChatRequest, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
+        "modelVersion": request.model,
+        "responseId": rid,
+    }
+
+
+def with_finish(generation: Generation, response: dict[str, Any]) -> dict[str, Any]:
+    response["candidates"][0]["finishReason"] = _FINISH.get(generation.finish_reason, "OTHER")
+    response["usageMetadata"] = _usage(generation)
+    return response
 
 
 def _call_parts(generation: Generation) -> list[dict[str, Any]]:
+    return call_parts(generation.id, generation.tool_calls)
+
+
+def call_parts(generation_id: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     parts = []
-    for k, call in enumerate(generation.tool_calls):
+    for k, call in enumerate(calls):
         fn = call.get("function") or {}
-        call_id = call.get("id") or stable_id("call_", generation.id, k)
+        call_id = call.get("id") or stable_id("call_", generation_id, k)
         parts.append(
             {"functionCall": {"id": call_id, "name": fn.get("name") or "", "args": load_arguments(fn.get("arguments"))}}
         )
@@ -66,6 +87,69 @@ def _call_parts(generation: Generation) -> list[dict[str, Any]]:
 def _usage(generation: Generation) -> dict[str, int]:
     p, c = generation.prompt_tokens, generation.completion_tokens
     return {"promptTokenCount": p, "candidatesTokenCount": c, "totalTokenCount": p + c}
+
+
+class GoogleStreamEncoder(StreamEncoder):
+    """``data: {GenerateContentResponse}`` frames: thought pieces, text pieces, then all function calls in one frame
+    (their arguments are complete only at the end). One frame is held back so the last can carry ``finishReason``
+    and ``usageMetadata``; the thought signature rides on the first part after the thought (on the thought's last
+    piece when nothing follows); an answer with no part at all is one ``{text: ""}`` frame."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.generation_id = ""
+        self.rid = ""
+        self.held: list[dict[str, Any]] | None = None
+        self.thought: list[str] = []
+        self.sealed = False
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def open(self, start: StreamStart) -> bytes:
+        self.generation_id = start.id
+        self.rid = _response_id(start.id)
+        return b""
+
+    def _push(self, parts: list[dict[str, Any]]) -> bytes:
+        out = sse_event(envelope(self.rid, self.request, self.held)) if self.held is not None else b""
+        self.held = parts
+        return out
+
+    def _seal(self, part: dict[str, Any]) -> None:
+        if self.thought and not self.sealed:
+            part["thoughtSignature"] = seal_thought("".join(self.thought))
+            self.sealed = True
+
+    def delta(self, delta: StreamDelta) -> bytes:
+        out = b""
+        if delta.reasoning:
+            self.thought.append(delta.reasoning)
+            for piece in chunks(delta.reasoning):
+                out += self._push([{"text": piece, "thought": True}])
+        for piece in chunks(delta.content):
+            part = {"text": piece}
+            self._seal(part)
+            out += self._push([part])
+        for fragment in delta.tool_calls:
+            fn = fragment.get("function") or {}
+            call = self.calls.setdefault(
+                int(fragment.get("index") or 0), {"id": None, "function": {"name": None, "arguments": ""}}
+            )
+            call["id"] = call["id"] or fragment.get("id")
+            call["function"]["name"] = call["function"]["name"] or fn.get("name")
+            call["function"]["arguments"] += fn.get("arguments") or ""
+        return out
+
+    def close(self, generation: Generation) -> bytes:
+        out = b""
+        if self.calls:
+            parts = call_parts(self.generation_id, [c for _, c in sorted(self.calls.items())])
+            self._seal(parts[0])
+            out += self._push(parts)
+        if self.held is None:
+            self.held = [{"text": ""}]
+        else:
+            self._seal(self.held[0])
+        return out + sse_event(with_finish(generation, envelope(self.rid, self.request, self.held)))
 
 
 class GoogleCodec(Codec):
@@ -88,16 +172,10 @@ class GoogleCodec(Codec):
         return {"totalTokens": count}
 
     def _envelope(self, generation: Generation, request: ChatRequest, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
-            "modelVersion": request.model,
-            "responseId": response_id(generation),
-        }
+        return envelope(response_id(generation), request, parts)
 
     def _finish(self, generation: Generation, response: dict[str, Any]) -> dict[str, Any]:
-        response["candidates"][0]["finishReason"] = _FINISH.get(generation.finish_reason, "OTHER")
-        response["usageMetadata"] = _usage(generation)
-        return response
+        return with_finish(generation, response)
 
     def encode(self, generation: Generation, request: ChatRequest) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
@@ -114,27 +192,8 @@ class GoogleCodec(Codec):
             parts.append({"text": ""})
         return self._finish(generation, self._envelope(generation, request, parts))
 
-    def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
-        pieces: list[list[dict[str, Any]]] = []
-        reasoning = generation.reasoning
-        if reasoning:
-            pieces.extend([{"text": piece, "thought": True}] for piece in chunks(reasoning))
-        thought_pieces = len(pieces)
-        pieces.extend([{"text": piece}] for piece in chunks(generation.text))
-        calls = _call_parts(generation)
-        if calls:
-            pieces.append(calls)
-        if reasoning:
-            first = pieces[thought_pieces] if len(pieces) > thought_pieces else pieces[-1]
-            first[0]["thoughtSignature"] = seal_thought(reasoning)
-        if not pieces:
-            pieces.append([{"text": ""}])
-        last = len(pieces) - 1
-        for k, parts in enumerate(pieces):
-            response = self._envelope(generation, request, parts)
-            if k == last:
-                self._finish(generation, response)
-            yield sse_event(response)
+    def encoder(self, request: ChatRequest) -> GoogleStreamEncoder:
+        return GoogleStreamEncoder(request)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         name = _STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")

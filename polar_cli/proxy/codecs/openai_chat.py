@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import orjson
 
 from polar_cli.errors import ProtocolError, brief
 from polar_cli.models import Provider
-from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import each_object, tool_objects
-from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation
+from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation, StreamDelta, StreamStart
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _ERROR_TYPES = {
@@ -137,6 +136,85 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out or None  # vLLM rejects an empty tool list
 
 
+def sampled_logprobs(generation: Generation) -> dict[str, Any] | None:
+    """``logprobs.content`` of a JSON answer: each sampled token's logprob (top_logprobs only when streamed)."""
+    if generation.response_logprobs is None:
+        return None
+    tokens = generation.response_tokens or [""] * len(generation.response_logprobs)
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(tokens, generation.response_logprobs, strict=True)
+        ]
+    }
+
+
+def usage_of(generation: Generation) -> dict[str, int]:
+    p, c = generation.prompt_tokens, generation.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+class ChatStreamEncoder(StreamEncoder):
+    """``chat.completion.chunk`` events: a role chunk, then per piece a reasoning chunk, a content chunk, per new tool
+    call a header chunk (id, name, empty arguments) and argument chunks; on close the finish_reason chunk, a usage
+    chunk when ``stream_options.include_usage``, then ``[DONE]``."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.include_usage = bool(request.context.get("include_usage"))
+        self.want_logprobs = bool(request.context.get("logprobs"))
+        self.head: dict[str, Any] = {}
+        self.calls: set[int] = set()
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return b"data: " + orjson.dumps({**self.head, "choices": [choice]}) + b"\n\n"
+
+    def open(self, start: StreamStart) -> bytes:
+        self.head = {
+            "id": start.id or f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": start.created or int(time.time()),
+            "model": self.request.model,
+        }
+        if self.include_usage:
+            self.head["usage"] = None
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def delta(self, delta: StreamDelta) -> bytes:
+        out = []
+        logprobs = {"content": delta.logprobs} if self.want_logprobs and delta.logprobs else None
+        if delta.reasoning:
+            out.append(self._chunk({"reasoning_content": delta.reasoning}, logprobs=logprobs))
+            logprobs = None
+        if delta.content:
+            out.append(self._chunk({"content": delta.content}, logprobs=logprobs))
+            logprobs = None
+        for fragment in delta.tool_calls:
+            index = int(fragment.get("index") or 0)
+            fn = fragment.get("function") or {}
+            if index not in self.calls:
+                self.calls.add(index)
+                header = {"name": fn.get("name"), "arguments": ""}
+                call = {"index": index, "id": fragment.get("id"), "type": "function", "function": header}
+                out.append(self._chunk({"tool_calls": [call]}, logprobs=logprobs))
+                logprobs = None
+            if fn.get("arguments"):
+                call = {"index": index, "function": {"arguments": fn["arguments"]}}
+                out.append(self._chunk({"tool_calls": [call]}, logprobs=logprobs))
+                logprobs = None
+        if logprobs is not None:  # tokens a parser held back: their logprobs still reach the client
+            out.append(self._chunk({}, logprobs=logprobs))
+        return b"".join(out)
+
+    def close(self, generation: Generation) -> bytes:
+        out = [self._chunk({}, generation.finish_reason)]
+        if self.include_usage:
+            out.append(b"data: " + orjson.dumps({**self.head, "choices": [], "usage": usage_of(generation)}) + b"\n\n")
+        out.append(_DONE)
+        return b"".join(out)
+
+
 class OpenAIChatCodec(Codec):
     """Chat Completions ⇄ normalized chat."""
 
@@ -162,7 +240,11 @@ class OpenAIChatCodec(Codec):
             tool_choice=choice,
             params=params,
             stream=bool(body.get("stream")),
-            context={"include_usage": include_usage},
+            context={
+                "include_usage": include_usage,
+                "logprobs": bool(body.get("logprobs")),
+                "top_logprobs": body.get("top_logprobs") if isinstance(body.get("top_logprobs"), int) else 0,
+            },
         )
 
     def _message(self, generation: Generation) -> dict[str, Any]:
@@ -174,8 +256,7 @@ class OpenAIChatCodec(Codec):
         return message
 
     def _usage(self, generation: Generation) -> dict[str, int]:
-        p, c = generation.prompt_tokens, generation.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return usage_of(generation)
 
     def _id(self, generation: Generation) -> str:
         return generation.id or f"chatcmpl-{uuid.uuid4().hex}"
@@ -190,53 +271,15 @@ class OpenAIChatCodec(Codec):
                 {
                     "index": 0,
                     "message": self._message(generation),
-                    "logprobs": None,
+                    "logprobs": sampled_logprobs(generation) if request.context.get("logprobs") else None,
                     "finish_reason": generation.finish_reason,
                 }
             ],
             "usage": self._usage(generation),
         }
 
-    def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
-        include_usage = bool(request.context.get("include_usage"))
-        head = {
-            "id": self._id(generation),
-            "object": "chat.completion.chunk",
-            "created": generation.created or int(time.time()),
-            "model": request.model,
-        }
-        if include_usage:
-            head["usage"] = None
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        if generation.reasoning:
-            yield chunk({"reasoning_content": generation.reasoning})
-        if generation.text:
-            yield chunk({"content": generation.text})
-        for index, call in enumerate(generation.tool_calls):
-            fn = call.get("function") or {}
-            yield chunk(
-                {
-                    "tool_calls": [
-                        {
-                            "index": index,
-                            "id": call.get("id"),
-                            "type": "function",
-                            "function": {"name": fn.get("name"), "arguments": ""},
-                        }
-                    ]
-                }
-            )
-            if fn.get("arguments"):
-                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": fn["arguments"]}}]})
-        yield chunk({}, generation.finish_reason)
-        if include_usage:
-            yield b"data: " + orjson.dumps({**head, "choices": [], "usage": self._usage(generation)}) + b"\n\n"
-        yield _DONE
+    def encoder(self, request: ChatRequest) -> ChatStreamEncoder:
+        return ChatStreamEncoder(request)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")

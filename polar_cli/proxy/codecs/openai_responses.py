@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import orjson
 
 from polar_cli.models import Provider
-from polar_cli.proxy.codecs.base import Codec, Route
+from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, seal_thought, stable_id
 from polar_cli.proxy.codecs.openai_responses_input import decode_request
 from polar_cli.proxy.codecs.openai_responses_tools import TOOL_SEARCH, custom_input
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _ERROR_TYPES = {
@@ -46,7 +45,7 @@ class OpenAIResponsesCodec(Codec):
         return decode_request(body)
 
     def encode(self, generation: Generation, request: ChatRequest) -> dict[str, Any]:
-        response = _response_shell(generation, request)
+        response = _response_shell(_base_id(generation), generation.created, request)
         status, incomplete = _status(generation)
         response.update(
             status=status,
@@ -56,16 +55,8 @@ class OpenAIResponsesCodec(Codec):
         )
         return response
 
-    def stream(self, generation: Generation, request: ChatRequest) -> Iterator[bytes]:
-        final = self.encode(generation, request)
-        seq = _Sequence()
-        shell = {**final, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
-        yield seq.event("response.created", response=shell)
-        yield seq.event("response.in_progress", response=shell)
-        for index, item in enumerate(final["output"]):
-            yield from _item_events(seq, index, item)
-        terminal = "response.completed" if final["status"] == "completed" else "response.incomplete"
-        yield seq.event(terminal, response=final)
+    def encoder(self, request: ChatRequest) -> ResponsesStreamEncoder:
+        return ResponsesStreamEncoder(request)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         error = {"message": message, "type": _error_type(status), "param": None, "code": _code(status, message)}
@@ -105,66 +96,94 @@ class OpenAIResponsesCodec(Codec):
 def output_items(generation: Generation, request: ChatRequest) -> list[dict[str, Any]]:
     """The Response ``output`` list for a generation (complete items, as in ``output_item.done``)."""
     base = _base_id(generation)
-    status = "incomplete" if generation.finish_reason in _INCOMPLETE else "completed"
     items: list[dict[str, Any]] = []
-    reasoning = generation.reasoning
-    if reasoning:
-        item: dict[str, Any] = {
-            "id": f"rs_{base}",
-            "type": "reasoning",
-            "summary": [{"type": "summary_text", "text": reasoning}],
-        }
-        if request.context.get("encrypted_reasoning"):
-            item["encrypted_content"] = seal_thought(reasoning)
-        items.append(item)
+    if generation.reasoning:
+        items.append(reasoning_item(base, generation.reasoning, request))
     calls = generation.tool_calls
     if generation.text or not calls:
-        part = {"type": "output_text", "text": generation.text, "annotations": [], "logprobs": []}
-        items.append({"id": f"msg_{base}", "type": "message", "status": status, "role": "assistant", "content": [part]})
-    custom = request.context.get("custom_tools") or {}
-    namespaced = request.context.get("namespaced") or {}
+        items.append(message_item(base, generation.text, _item_status(generation.finish_reason)))
     for index, call in enumerate(calls):
         function = call.get("function") or {}
-        name = str(function.get("name") or "")
         arguments = function.get("arguments")
-        arguments = arguments if isinstance(arguments, str) else ""
-        call_id = call.get("id") or f"call_{base}_{index}"
-        if name in custom:
-            items.append(
-                {
-                    "id": f"ctc_{base}_{index}",
-                    "type": "custom_tool_call",
-                    "status": "completed",
-                    "call_id": call_id,
-                    "name": name,
-                    "input": custom_input(arguments),
-                }
+        items.append(
+            call_item(
+                base,
+                index,
+                call.get("id"),
+                str(function.get("name") or ""),
+                arguments if isinstance(arguments, str) else "",
+                request,
             )
-        elif name == TOOL_SEARCH and request.context.get("tool_search"):
-            items.append(
-                {
-                    "id": f"tsc_{base}_{index}",
-                    "type": "tool_search_call",
-                    "status": "completed",
-                    "call_id": call_id,
-                    "execution": "client",
-                    "arguments": _json_object(arguments),
-                }
-            )
-        else:
-            items.append(
-                {
-                    "id": f"fc_{base}_{index}",
-                    "type": "function_call",
-                    "status": "completed",
-                    "arguments": arguments,
-                    "call_id": call_id,
-                    "name": name,
-                }
-            )
-        if name in namespaced:
-            items[-1]["namespace"] = namespaced[name]
+        )
     return items
+
+
+def _item_status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason in _INCOMPLETE else "completed"
+
+
+def reasoning_item(base: str, text: str, request: ChatRequest) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "id": f"rs_{base}",
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}],
+    }
+    if request.context.get("encrypted_reasoning"):
+        item["encrypted_content"] = seal_thought(text)
+    return item
+
+
+def message_item(base: str, text: str, status: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    return {"id": f"msg_{base}", "type": "message", "status": status, "role": "assistant", "content": [part]}
+
+
+def call_kind(name: str, request: ChatRequest) -> str:
+    """The output item type a tool call of ``name`` is answered as."""
+    if name in (request.context.get("custom_tools") or {}):
+        return "custom_tool_call"
+    if name == TOOL_SEARCH and request.context.get("tool_search"):
+        return "tool_search_call"
+    return "function_call"
+
+
+def call_item(
+    base: str, index: int, call_id: str | None, name: str, arguments: str, request: ChatRequest
+) -> dict[str, Any]:
+    call_id = call_id or f"call_{base}_{index}"
+    kind = call_kind(name, request)
+    item: dict[str, Any]
+    if kind == "custom_tool_call":
+        item = {
+            "id": f"ctc_{base}_{index}",
+            "type": "custom_tool_call",
+            "status": "completed",
+            "call_id": call_id,
+            "name": name,
+            "input": custom_input(arguments),
+        }
+    elif kind == "tool_search_call":
+        item = {
+            "id": f"tsc_{base}_{index}",
+            "type": "tool_search_call",
+            "status": "completed",
+            "call_id": call_id,
+            "execution": "client",
+            "arguments": _json_object(arguments),
+        }
+    else:
+        item = {
+            "id": f"fc_{base}_{index}",
+            "type": "function_call",
+            "status": "completed",
+            "arguments": arguments,
+            "call_id": call_id,
+            "name": name,
+        }
+    namespaced = request.context.get("namespaced") or {}
+    if name in namespaced:
+        item["namespace"] = namespaced[name]
+    return item
 
 
 # --- stream events ------------------------------------------------------------------------------------------------
@@ -183,68 +202,165 @@ class _Sequence:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def _item_events(seq: _Sequence, index: int, item: dict[str, Any]) -> Iterator[bytes]:
-    kind, item_id = item["type"], item["id"]
-    at = {"item_id": item_id, "output_index": index}
-    if kind == "reasoning":
-        yield seq.event("response.output_item.added", output_index=index, item={**item, "summary": []})
-        for s_index, summary in enumerate(item["summary"]):
-            text = summary["text"]
-            yield seq.event(
-                "response.reasoning_summary_part.added",
-                **at,
-                summary_index=s_index,
-                part={"type": "summary_text", "text": ""},
-            )
-            for piece in chunks(text):
-                yield seq.event("response.reasoning_summary_text.delta", **at, summary_index=s_index, delta=piece)
-            yield seq.event("response.reasoning_summary_text.done", **at, summary_index=s_index, text=text)
-            yield seq.event(
-                "response.reasoning_summary_part.done",
-                **at,
-                summary_index=s_index,
-                part={"type": "summary_text", "text": text},
-            )
-    elif kind == "message":
-        added = {**item, "status": "in_progress", "content": []}
-        yield seq.event("response.output_item.added", output_index=index, item=added)
-        for c_index, part in enumerate(item["content"]):
-            text = part["text"]
-            yield seq.event("response.content_part.added", **at, content_index=c_index, part={**part, "text": ""})
-            for piece in chunks(text):
-                yield seq.event("response.output_text.delta", **at, content_index=c_index, delta=piece, logprobs=[])
-            yield seq.event("response.output_text.done", **at, content_index=c_index, text=text, logprobs=[])
-            yield seq.event("response.content_part.done", **at, content_index=c_index, part=part)
-    elif kind == "function_call":
-        arguments = item["arguments"]
-        yield seq.event(
-            "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""}
+class ResponsesStreamEncoder(StreamEncoder):
+    """Responses events: ``response.created`` / ``response.in_progress``; one output item per kind of piece in arrival
+    order (reasoning summary deltas; message text deltas, with logprobs when the request included
+    ``message.output_text.logprobs``; function-call argument deltas; a custom tool call's input as one delta when it
+    ends, since its freeform text is derived from the whole arguments), each ended by its done events and
+    ``response.output_item.done`` with the complete item; an empty message when the answer had neither text nor tool
+    calls; then ``response.completed`` (``response.incomplete`` at the token limit) with every item."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.want_logprobs = bool(request.context.get("logprobs"))
+        self.seq = _Sequence()
+        self.base = ""
+        self.shell: dict[str, Any] = {}
+        self.items: list[dict[str, Any]] = []
+        self.kind: str | None = None  # the open item's type
+        self.call: int | None = None
+        self.call_id: str | None = None
+        self.name = ""
+        self.text: list[str] = []
+        self.logprobs: list[Any] = []
+        self.wrote_message = False
+        self.wrote_call = False
+
+    def open(self, start: StreamStart) -> bytes:
+        self.base = stable_id("", start.id) if start.id else uuid.uuid4().hex[:24]
+        self.shell = _response_shell(self.base, start.created, self.request)
+        shell = {**self.shell, "status": "in_progress"}
+        return self.seq.event("response.created", response=shell) + self.seq.event(
+            "response.in_progress", response=shell
         )
-        for piece in chunks(arguments):
-            yield seq.event("response.function_call_arguments.delta", **at, delta=piece)
-        yield seq.event("response.function_call_arguments.done", **at, arguments=arguments)
-    elif kind == "custom_tool_call":
-        text = item["input"]
-        yield seq.event(
-            "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "input": ""}
-        )
-        for piece in chunks(text):
-            yield seq.event("response.custom_tool_call_input.delta", **at, delta=piece)
-        yield seq.event("response.custom_tool_call_input.done", **at, input=text)
-    else:  # tool_search_call: no delta events exist for it
-        yield seq.event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
-    yield seq.event("response.output_item.done", output_index=index, item=item)
+
+    @property
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._pending_id(), "output_index": len(self.items)}
+
+    def _pending_id(self) -> str:
+        if self.kind == "reasoning":
+            return f"rs_{self.base}"
+        if self.kind == "message":
+            return f"msg_{self.base}"
+        return call_item(self.base, self.call or 0, self.call_id, self.name, "", self.request)["id"]
+
+    def _begin(self, kind: str, added: dict[str, Any]) -> bytes:
+        out = self._end("completed")
+        self.kind, self.text, self.logprobs = kind, [], []
+        return out + self.seq.event("response.output_item.added", output_index=len(self.items), item=added)
+
+    def _end(self, status: str) -> bytes:
+        """The done events of the open item; ``status``: a message's, from the finish reason when it is the last."""
+        if self.kind is None:
+            return b""
+        seq, at, text = self.seq, self._at, "".join(self.text)
+        out = []
+        if self.kind == "reasoning":
+            item = reasoning_item(self.base, text, self.request)
+            part = {"type": "summary_text", "text": text}
+            out.append(seq.event("response.reasoning_summary_text.done", **at, summary_index=0, text=text))
+            out.append(seq.event("response.reasoning_summary_part.done", **at, summary_index=0, part=part))
+        elif self.kind == "message":
+            item = message_item(self.base, text, status, self.logprobs)
+            part = item["content"][0]
+            out.append(seq.event("response.output_text.done", **at, content_index=0, text=text, logprobs=self.logprobs))
+            out.append(seq.event("response.content_part.done", **at, content_index=0, part=part))
+        else:
+            item = call_item(self.base, self.call or 0, self.call_id, self.name, text, self.request)
+            if self.kind == "function_call":
+                out.append(seq.event("response.function_call_arguments.done", **at, arguments=text))
+            elif self.kind == "custom_tool_call":
+                for piece in chunks(item["input"]):
+                    out.append(seq.event("response.custom_tool_call_input.delta", **at, delta=piece))
+                out.append(seq.event("response.custom_tool_call_input.done", **at, input=item["input"]))
+        out.append(seq.event("response.output_item.done", output_index=len(self.items), item=item))
+        self.items.append(item)
+        self.kind = None
+        return b"".join(out)
+
+    def delta(self, delta: StreamDelta) -> bytes:
+        out = b""
+        if delta.reasoning:
+            if self.kind != "reasoning":
+                item = {"id": f"rs_{self.base}", "type": "reasoning", "summary": []}
+                out += self._begin("reasoning", item)
+                summary: dict[str, Any] = {"type": "summary_text", "text": ""}
+                out += self.seq.event(
+                    "response.reasoning_summary_part.added", **self._at, summary_index=0, part=summary
+                )
+            self.text.append(delta.reasoning)
+            for piece in chunks(delta.reasoning):
+                out += self.seq.event("response.reasoning_summary_text.delta", **self._at, summary_index=0, delta=piece)
+        if delta.content:
+            if self.kind != "message":
+                added = {**message_item(self.base, "", "in_progress"), "content": []}
+                out += self._begin("message", added)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                out += self.seq.event("response.content_part.added", **self._at, content_index=0, part=part)
+                self.wrote_message = True
+            self.text.append(delta.content)
+            logprobs = list(delta.logprobs) if self.want_logprobs else []
+            self.logprobs += logprobs
+            for n, piece in enumerate(chunks(delta.content)):
+                out += self.seq.event(
+                    "response.output_text.delta",
+                    **self._at,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=logprobs if n == 0 else [],
+                )
+        for fragment in delta.tool_calls:
+            index = int(fragment.get("index") or 0)
+            fn = fragment.get("function") or {}
+            if self.call != index or self.kind not in ("function_call", "custom_tool_call", "tool_search_call"):
+                out += self._end("completed")
+                self.call, self.call_id, self.name = index, fragment.get("id"), str(fn.get("name") or "")
+                self.kind = call_kind(self.name, self.request)
+                added = call_item(self.base, index, self.call_id, self.name, "", self.request)
+                added["status"] = "in_progress"
+                if self.kind == "custom_tool_call":
+                    added["input"] = ""
+                kind = self.kind
+                self.kind = None
+                out += self._begin(kind, added)
+                self.wrote_call = True
+            piece = fn.get("arguments") or ""
+            self.text.append(piece)
+            if piece and self.kind == "function_call":
+                for bit in chunks(piece):
+                    out += self.seq.event("response.function_call_arguments.delta", **self._at, delta=bit)
+        return out
+
+    def close(self, generation: Generation) -> bytes:
+        status, incomplete = _status(generation)
+        out = self._end(_item_status(generation.finish_reason))
+        if not self.wrote_message and not self.wrote_call:
+            added = {**message_item(self.base, "", "in_progress"), "content": []}
+            out += self._begin("message", added)
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out += self.seq.event("response.content_part.added", **self._at, content_index=0, part=part)
+            out += self._end(_item_status(generation.finish_reason))
+        final = {
+            **self.shell,
+            "status": status,
+            "incomplete_details": incomplete,
+            "output": self.items,
+            "usage": _usage(generation),
+        }
+        terminal = "response.completed" if status == "completed" else "response.incomplete"
+        return out + self.seq.event(terminal, response=final)
 
 
 # --- response object ----------------------------------------------------------------------------------------------
 
 
-def _response_shell(generation: Generation, request: ChatRequest) -> dict[str, Any]:
+def _response_shell(base: str, created: int, request: ChatRequest) -> dict[str, Any]:
     echo = request.context.get("echo") or {}
     return {
-        "id": f"resp_{_base_id(generation)}",
+        "id": f"resp_{base}",
         "object": "response",
-        "created_at": generation.created or int(time.time()),
+        "created_at": created or int(time.time()),
         "status": "completed",
         "background": False,
         "error": None,

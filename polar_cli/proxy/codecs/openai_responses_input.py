@@ -83,6 +83,7 @@ def decode_request(body: dict[str, Any]) -> ChatRequest:
         params["response_format"] = text_format
     include = body.get("include") or []
     context["encrypted_reasoning"] = isinstance(include, list) and "reasoning.encrypted_content" in include
+    context["logprobs"] = isinstance(include, list) and "message.output_text.logprobs" in include
     context["echo"] = {key: body[key] for key in _ECHO_FIELDS if key in body}
     return ChatRequest(
         model=model,

@@ -1,0 +1,264 @@
+"""Pass-through streaming: upstream SSE chunks are re-encoded in the client's provider protocol as they arrive.
+
+A backend that streams token ids (vLLM with ``return_token_ids``) hands the pump an :class:`UpstreamStream` of OpenAI
+``chat.completion.chunk`` objects. :class:`StreamAssembler` turns each chunk into a :class:`StreamDelta` (what the
+client sees next) and keeps every token id and logprob, so the finished stream is the same :class:`Generation` a
+non-streaming call would have produced. :func:`pump` drives a codec's incremental encoder with those deltas:
+
+- the response headers go out only once the upstream has answered 200, so errors before that are ordinary
+  provider-shaped HTTP errors;
+- when the upstream ends, the generation is checked and journaled, then the closing events are sent: a client that
+  has seen the end of the stream can read its completion;
+- an upstream failure mid-stream (reset, bad chunk, an ``error`` object, no finish) is the provider's stream error
+  event, never a silently truncated stream; nothing is journaled;
+- a client that disconnects aborts the upstream request; what was sampled so far is journaled with finish_reason
+  ``abort`` and ``metadata.delivery = "aborted"`` (builders give such completions no trainable tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from polar_cli.errors import BackendError
+from polar_cli.models.completion import ABORTED
+from polar_cli.proxy.capture import Delivery, check_generation
+from polar_cli.proxy.codecs.base import Codec, StreamEncoder
+from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
+
+log = logging.getLogger("polar.proxy.streaming")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+ABORT = ABORTED
+
+
+class UpstreamStream(Protocol):
+    """An open upstream stream: its chunks in order, and a way to stop it."""
+
+    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    def abort(self) -> None: ...
+
+
+class UpstreamStreamError(BackendError):
+    """The upstream stream broke after it started."""
+
+
+async def sse_chunks(content: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an OpenAI-style SSE body (``data: {...}`` frames up to ``data: [DONE]``), read in
+    pieces of any size (vLLM's first chunk carries the whole prompt's ids: no line-length limit applies)."""
+    buffer = b""
+    async for piece in content.iter_any():
+        buffer += piece
+        while True:
+            cut = buffer.find(b"\n\n")
+            if cut < 0:
+                break
+            frame, buffer = buffer[:cut], buffer[cut + 2 :]
+            for line in frame.splitlines():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError as exc:
+                    raise UpstreamStreamError(f"the backend streamed a chunk that is not JSON: {data[:200]!r}") from exc
+                if not isinstance(chunk, dict):
+                    raise UpstreamStreamError("the backend streamed a chunk that is not an object")
+                if "error" in chunk and not chunk.get("choices"):
+                    err = chunk["error"]
+                    message = err.get("message") if isinstance(err, dict) else err
+                    raise UpstreamStreamError(f"the backend failed mid-stream: {str(message)[:500]}")
+                yield chunk
+    raise UpstreamStreamError("the backend's stream ended before data: [DONE]")
+
+
+class StreamAssembler:
+    """OpenAI chat chunks (vLLM, ``return_token_ids``) → deltas for the client, and the whole Generation at the end."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.start: StreamStart | None = None
+        self.prompt_ids: list[int] | None = None
+        self.response_ids: list[int] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.started = time.perf_counter()
+
+    def feed(self, chunk: dict[str, Any]) -> tuple[StreamStart | None, StreamDelta]:
+        """Take one chunk; returns the stream's start (on the first chunk only) and the piece to send."""
+        opened = None
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = chunk["prompt_token_ids"]
+        if self.start is None:
+            self.start = StreamStart(
+                id=str(chunk.get("id") or ""),
+                created=int(chunk.get("created") or time.time()),
+                model=str(chunk.get("model") or ""),
+                prompt_tokens=len(self.prompt_ids or ()),
+            )
+            opened = self.start
+        delta = StreamDelta()
+        choices = chunk.get("choices") or []
+        if not choices:
+            return opened, delta
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        if ids:
+            self.response_ids.extend(ids)
+        entries = (choice.get("logprobs") or {}).get("content") or []
+        self.logprobs.extend(entries)
+        delta.logprobs = list(entries)
+        raw = choice.get("delta") or {}
+        reasoning = raw.get("reasoning_content") or raw.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            delta.reasoning = reasoning
+            self.reasoning.append(reasoning)
+        if isinstance(raw.get("content"), str) and raw["content"]:
+            delta.content = raw["content"]
+            self.content.append(raw["content"])
+        for fragment in raw.get("tool_calls") or []:
+            index = int(fragment.get("index") or 0)
+            fn = fragment.get("function") or {}
+            call = self.calls.setdefault(index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = call["id"] or fragment.get("id")
+            call["name"] = call["name"] or fn.get("name")
+            call["arguments"] += fn.get("arguments") or ""
+            delta.tool_calls.append(
+                {
+                    "index": index,
+                    "id": fragment.get("id"),
+                    "function": {"name": fn.get("name"), "arguments": fn.get("arguments") or ""},
+                }
+            )
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
+        return opened, delta
+
+    def generation(self, finish_reason: str | None = None) -> Generation:
+        """The finished answer; ``finish_reason`` overrides the upstream's (``abort``)."""
+        reason = finish_reason or self.finish_reason
+        if reason is None:
+            raise UpstreamStreamError("the backend's stream ended without a finish_reason")
+        if self.prompt_ids is None:
+            raise UpstreamStreamError("the backend streamed no prompt_token_ids; return_token_ids needs vLLM >= 0.10.2")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) if self.content else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for _, c in sorted(self.calls.items())
+            ]
+        logprobs = tokens = None
+        if len(self.logprobs) == len(self.response_ids):
+            logprobs = [float(e["logprob"]) for e in self.logprobs]
+            tokens = [str(e.get("token", "")) for e in self.logprobs]
+        start = self.start or StreamStart("", int(time.time()), "")
+        return Generation(
+            id=start.id,
+            model=start.model,
+            message=message,
+            finish_reason=reason,
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            response_logprobs=logprobs,
+            response_tokens=tokens,
+            backend=self.backend,
+            backend_seconds=time.perf_counter() - self.started,
+            created=start.created,
+        )
+
+
+Record = Callable[[Generation, Delivery], Awaitable[None]]
+"""Journals one finished (or aborted) generation with how it was delivered."""
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def pump(
+    request: web.Request,
+    upstream: UpstreamStream,
+    codec: Codec,
+    encoder: StreamEncoder,
+    chat: ChatRequest,
+    record: Record,
+    *,
+    backend: str,
+    time_left: float | None = None,
+) -> web.StreamResponse:
+    """Stream one answer to the client as the upstream produces it (see the module docstring)."""
+    answer = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    assembler = StreamAssembler(backend)
+    try:
+        await answer.prepare(request)
+        async with asyncio.timeout(time_left):
+            async for chunk in upstream.chunks():
+                if _gone(request):  # checked per upstream chunk (about one per token), written to or not
+                    raise ConnectionResetError("client gone")
+                opened, delta = assembler.feed(chunk)
+                out = encoder.open(opened) if opened is not None else b""
+                if delta:
+                    out += encoder.delta(delta)
+                if out:
+                    await answer.write(out)
+        generation = assembler.generation()
+        check_generation(generation)
+        await record(generation, "client_gone" if _gone(request) else "answered")
+    except (ConnectionResetError, asyncio.CancelledError) as exc:
+        upstream.abort()
+        await _record_abort(assembler, record)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return answer
+    except TimeoutError:
+        upstream.abort()
+        return await _fail(answer, codec, 504, "no complete backend answer before the session's deadline")
+    except BackendError as exc:
+        upstream.abort()
+        log.warning("stream from %s failed: %s", backend, exc)
+        return await _fail(answer, codec, exc.status if exc.status >= 500 else 502, str(exc))
+    except Exception as exc:  # e.g. aiohttp.ClientPayloadError: the upstream connection broke mid-stream
+        upstream.abort()
+        log.warning("stream from %s broke: %s: %s", backend, type(exc).__name__, exc)
+        return await _fail(answer, codec, 502, f"the backend's stream broke: {type(exc).__name__}: {exc}")
+    try:
+        await answer.write(encoder.close(generation))
+        await answer.write_eof()
+    except ConnectionResetError:
+        pass  # journaled as answered: the whole answer was sampled, only its last bytes were lost
+    return answer
+
+
+async def _record_abort(assembler: StreamAssembler, record: Record) -> None:
+    if assembler.prompt_ids is None:
+        return  # nothing sampled yet: nothing to keep
+    try:
+        generation = assembler.generation(ABORT)
+        check_generation(generation)
+        await record(generation, "aborted")
+    except BackendError as exc:
+        log.warning("an aborted stream could not be recorded: %s", exc)
+
+
+async def _fail(answer: web.StreamResponse, codec: Codec, status: int, message: str) -> web.StreamResponse:
+    try:
+        await answer.write(codec.stream_error(status, message[:2000]))
+        await answer.write_eof()
+    except ConnectionResetError:
+        pass
+    return answer

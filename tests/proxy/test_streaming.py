@@ -1,0 +1,283 @@
+"""Pass-through streaming against a fake streaming vLLM (tests/proxy/upstream.py): the client gets the upstream's
+pieces as they come, the journal gets the same completion a non-streaming call records, upstream failures mid-stream
+are the provider's error event, and a client that leaves aborts the upstream and leaves an ``abort`` completion."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from polar_cli.builders import build_trajectory
+from polar_cli.models import Completion
+from polar_cli.proxy.codecs import get_codec
+from polar_cli.proxy.types import ChatRequest, Generation
+
+from .conftest import LoopThread, ProxySession, RunningProxy
+from .upstream import Upstream
+
+FAST_RETRY = {"attempts": 3, "base_delay_s": 0.001, "max_delay_s": 0.002}
+TOKEN_FIELDS = (
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "response_tokens",
+    "response_message",
+    "finish_reason",
+    "token_source",
+    "backend",
+    "model",
+)
+
+
+@pytest.fixture
+def upstream(loop_thread: LoopThread) -> Upstream:
+    return Upstream(loop_thread)
+
+
+def _proxy(start: Callable[..., RunningProxy], upstream: Upstream, **extra: Any) -> RunningProxy:
+    return start(backend="vllm", backend_url=upstream.url, model="served-model", retry=FAST_RETRY, **extra)
+
+
+def _client(session: ProxySession) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+
+
+def _wait_for_completions(session: ProxySession, n: int) -> list[dict[str, Any]]:
+    for _ in range(500):
+        found = session.completions()
+        if len(found) >= n:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} completions recorded")
+
+
+def test_passthrough_streams_pieces_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    client = _client(session)
+    messages: Any = [{"role": "user", "content": "hello"}]
+    stream = client.chat.completions.create(
+        model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert pieces == ["echo:", " hello"]  # the upstream's pieces, not one replayed blob
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    plain = client.chat.completions.create(model="m", messages=messages)
+    assert plain.choices[0].message.content == "echo: hello"
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+    assert streamed["metadata"]["stream"] is True and streamed["metadata"]["delivery"] == "answered"
+    assert streamed["response_ids"] == [7, 8, 2] and streamed["response_logprobs"] == [-0.5] * 3
+
+
+def test_passthrough_returns_logprobs_to_a_client_that_asks(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    stream = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True, logprobs=True
+    )
+    entries = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [e.logprob for e in entries] == [-0.5] * 3
+    plain = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], logprobs=True
+    )
+    assert plain.choices[0].logprobs is not None and plain.choices[0].logprobs.content is not None
+    assert [e.logprob for e in plain.choices[0].logprobs.content] == [-0.5] * 3
+    unasked = _client(session).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert unasked.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("failure", ["break", "error_chunk"])
+def test_an_upstream_failure_mid_stream_is_the_providers_error_event(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream, failure: str
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    upstream.actions.append(failure)
+    stream = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    with pytest.raises(openai.APIError):
+        list(stream)
+    assert upstream.requests == 1  # bytes had reached the client: never retried behind its back
+    assert session.completions() == []
+
+
+def test_a_stream_cut_before_its_first_chunk_is_retried(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    upstream.actions += ["truncate"]
+    stream = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "again"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "echo: again"
+    assert upstream.requests == 2 and len(session.completions()) == 1
+
+
+def test_a_client_that_leaves_aborts_the_upstream_and_leaves_an_abort_completion(
+    start_proxy: Callable[..., RunningProxy], loop_thread: LoopThread
+) -> None:
+    upstream = Upstream(loop_thread, token_delay_s=0.5)
+
+    async def watch() -> None:
+        upstream.stream_closed = asyncio.Event()
+
+    loop_thread.run(watch())
+    session = _proxy(start_proxy, upstream).new_session()
+    with httpx.stream(
+        "POST",
+        f"{session.openai_base}/chat/completions",
+        headers={"Authorization": f"Bearer {session.api_key}"},
+        json={"model": "m", "messages": [{"role": "user", "content": "bye"}], "stream": True},
+        timeout=30,
+    ) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break  # leave after the first piece of text
+    (record,) = _wait_for_completions(session, 1)
+    assert record["finish_reason"] == "abort" and record["metadata"]["delivery"] == "aborted"
+    assert record["response_ids"] and len(record["response_ids"]) < 3
+
+    async def closed() -> None:
+        assert upstream.stream_closed is not None
+        await asyncio.wait_for(upstream.stream_closed.wait(), 20)
+
+    loop_thread.run(closed())
+    assert upstream.streams_finished == 0
+    # kept for the record, never trained on: the builders drop it
+    trajectory = build_trajectory("per_request", [Completion.model_validate(record)])
+    assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
+
+
+def test_synthetic_mode_and_backends_without_token_streams_replay_the_whole_answer(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream, stream_mode="synthetic").new_session()
+    stream = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hello"}], stream=True
+    )
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert pieces == ["echo: hello"]
+    assert session.completions()[0]["metadata"]["stream"] is True
+
+
+def test_the_synthetic_stream_is_the_incremental_encoder_driven_with_the_whole_answer() -> None:
+    codec = get_codec("openai_chat")
+    assert codec is not None
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    generation = Generation(
+        id="chatcmpl-1",
+        model="m",
+        message={"role": "assistant", "content": "hi", "reasoning_content": "think", "tool_calls": [call]},
+        finish_reason="tool_calls",
+        prompt_ids=[1],
+        response_ids=[2, 3],
+        created=1,
+    )
+    request = ChatRequest(model="m", messages=[], stream=True, context={"include_usage": True})
+    frames = b"".join(codec.stream(generation, request)).decode().split("\n\n")
+    assert frames[-2:] == ["data: [DONE]", ""]
+    kinds = [f[6:60] for f in frames[:-2]]
+    assert len(kinds) == 7  # role, reasoning, content, tool header, tool arguments, finish, usage
+
+
+def test_anthropic_passthrough_streams_text_deltas_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    messages: Any = [{"role": "user", "content": "hello"}]
+    with client.messages.stream(model="m", max_tokens=16, messages=messages) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert pieces == ["echo:", " hello"]
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3 and final.usage.input_tokens == 3
+    plain = client.messages.create(model="m", max_tokens=16, messages=messages)
+    assert [b.model_dump(exclude={"parsed_output"}) for b in final.content] == [b.model_dump() for b in plain.content]
+    assert plain.id == final.id
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+
+
+def test_anthropic_upstream_failure_mid_stream_is_an_error_event(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    upstream.actions.append("break")
+    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    messages: Any = [{"role": "user", "content": "x"}]
+    with pytest.raises(anthropic.APIError), client.messages.stream(model="m", max_tokens=16, messages=messages) as s:
+        list(s.text_stream)
+    assert session.completions() == []
+
+
+def test_responses_passthrough_streams_text_deltas_with_logprobs_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    client = _client(session)
+    events = list(
+        client.responses.create(model="m", input="hello", stream=True, include=["message.output_text.logprobs"])
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [e.delta for e in deltas] == ["echo:", " hello"]
+    assert [lp.logprob for e in deltas for lp in e.logprobs] == [-0.5, -0.5]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response  # type: ignore[union-attr]
+    plain = client.responses.create(model="m", input="hello")
+    assert final.output_text == plain.output_text == "echo: hello" and final.id == plain.id
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+
+
+def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream
+) -> None:
+    session = _proxy(start_proxy, upstream).new_session()
+    options = types.HttpOptions(base_url=session.google_base, retry_options=types.HttpRetryOptions(attempts=1))
+    client = genai.Client(api_key=session.api_key, http_options=options)
+    try:
+        chunks = list(client.models.generate_content_stream(model="m", contents="hello"))
+        assert [c.text for c in chunks] == ["echo:", " hello"]
+        assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+        assert chunks[-1].usage_metadata and chunks[-1].usage_metadata.candidates_token_count == 3
+        plain = client.models.generate_content(model="m", contents="hello")
+        assert plain.text == "echo: hello" and plain.response_id == chunks[0].response_id
+    finally:
+        client.close()
+    streamed, answered = session.completions()
+    for key in TOKEN_FIELDS:
+        assert streamed[key] == answered[key], key
+
+
+def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_once(
+    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    running = start_proxy()  # scripted: no token-id stream
+    session = running.new_session(script=[{"content": "one"}, {"content": "two"}])
+    client = _client(session)
+    with caplog.at_level(logging.INFO, logger="polar.proxy"):
+        for expected in ("one", "two"):
+            stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+    assert sum("streams are synthetic" in r.getMessage() for r in caplog.records) == 1
