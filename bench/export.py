@@ -1,14 +1,16 @@
 """Throughput and peak memory of ``polar export`` on synthetic traces of realistic size, streamed.
 
-    python bench/export.py [--sizes 10000 100000] [--prompt 8192] [--turns 200]
+    python bench/export.py [--sizes 10000 100000] [--prompt 8192] [--turns 200] [--json]
 
 Each session has one prefix-merged trace of a 200-turn session whose final prompt is 32K tokens (the shape
 bench/prefix_merging.py builds): ``--prompt`` tokens of first prompt, then per turn 40 sampled tokens (loss mask 1,
 with logprobs) and ``--interstitial`` tokens of tool result and template (mask 0). The results are not stored: a
 synthetic source streams them through the exporter's ``ExportSource`` interface as SessionResult JSON, the form the
 ledger holds, cycling over 16 distinct pre-serialized sessions, so the exporter parses every one as it would a real
-ledger's. Each size runs in its own process (peak RSS is per process); the parquet output goes to a temporary folder
-that is removed afterwards.
+ledger's. By default the sessions come as a ledger now stores them (``result_tokens``: slim JSON plus binary token
+arrays, unpacked per session as ``Ledger.export_results`` does); ``--json`` streams the full JSON instead, the path
+export takes for ledgers written before ``result_tokens`` existed. Each size runs in its own process (peak RSS is per
+process); the parquet output goes to a temporary folder that is removed afterwards.
 
 Reported: traces/s, tokens/s, peak RSS, and the output size.
 """
@@ -33,8 +35,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_cli.export import ExportOptions, export
-from polar_cli.generate.ledger import ResultRow
-from polar_cli.models import TaskRequest
+from polar_cli.generate.ledger import ResultRow, TraceTokens, split_result, unpack_tokens
+from polar_cli.models import SessionResult, TaskRequest
 
 DISTINCT = 16
 
@@ -68,8 +70,9 @@ def session_blob(seed: int, prompt: int, turns: int, sampled: int, interstitial:
 class SyntheticSource:
     """``n`` sessions of one trace each, in 100 groups, streamed (nothing but 16 blobs is held)."""
 
-    def __init__(self, n: int, blobs: list[bytes], tokens: int, turns: int) -> None:
-        self.n, self.blobs, self.tokens, self.turns = n, blobs, tokens, turns
+    def __init__(self, n: int, blobs: list[bytes], tokens: int, turns: int, *, as_json: bool = False) -> None:
+        self.n, self.blobs, self.tokens, self.turns, self.as_json = n, blobs, tokens, turns, as_json
+        self.columnar = [] if as_json else [split_result(SessionResult.model_validate_json(b)) for b in blobs]
         self._task = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, metadata={"repo": "bench"})
 
     def _row(self, i: int) -> ResultRow:
@@ -79,9 +82,14 @@ class SyntheticSource:
     def rows(self) -> list[ResultRow]:
         return [self._row(i) for i in range(self.n)]  # summaries only, ~200 bytes each
 
-    def results(self) -> Iterator[tuple[ResultRow, bytes]]:
+    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]:
         for i in range(self.n):
-            yield self._row(i), self.blobs[i % DISTINCT]
+            if self.as_json:
+                yield self._row(i), self.blobs[i % DISTINCT], None
+            else:
+                columnar = self.columnar[i % DISTINCT]
+                assert columnar is not None
+                yield self._row(i), columnar[0], unpack_tokens(columnar[1])
 
     def task(self, task_id: str) -> TaskRequest:
         return self._task
@@ -93,7 +101,7 @@ class SyntheticSource:
 def one(n: int, args: argparse.Namespace) -> dict[str, float]:
     blobs = [session_blob(s, args.prompt, args.turns, 40, args.interstitial) for s in range(DISTINCT)]
     tokens = args.prompt + args.turns * (40 + args.interstitial)
-    source = SyntheticSource(n, blobs, tokens, args.turns)
+    source = SyntheticSource(n, blobs, tokens, args.turns, as_json=args.json)
     out = Path(tempfile.mkdtemp(prefix="polar-bench-export-", dir=args.tmp)) / "dataset"
     try:
         start = time.perf_counter()
@@ -113,6 +121,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=8192, help="first-prompt tokens of each merged trace")
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--interstitial", type=int, default=80, help="mask-0 tokens after each turn")
+    parser.add_argument("--json", action="store_true", help="the full-JSON path (ledgers without result_tokens)")
     parser.add_argument("--tmp", default=None, help="where the temporary output goes")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -122,11 +131,13 @@ def main() -> None:
     rows = []
     for n in args.sizes:
         argv = [sys.executable, __file__, "--one", str(n), "--prompt", str(args.prompt), "--turns", str(args.turns),
-                "--interstitial", str(args.interstitial), *(["--tmp", args.tmp] if args.tmp else [])]  # fmt: skip
+                "--interstitial", str(args.interstitial), *(["--tmp", args.tmp] if args.tmp else []),
+                *(["--json"] if args.json else [])]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=True, env=os.environ)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"polar export, synthetic traces: {args.prompt}-token first prompt, {args.turns} turns x (40 sampled + "
-          f"{args.interstitial} interstitial) tokens; {os.cpu_count()} CPUs")  # fmt: skip
+          f"{args.interstitial} interstitial) tokens; {'full JSON' if args.json else 'binary token columns'}; "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
     print(f"{'traces':>8} {'tokens/trace':>12} {'seconds':>8} {'traces/s':>9} {'Mtokens/s':>9} {'peak RSS MiB':>12} "
           f"{'output MiB':>10}")  # fmt: skip
     for r in rows:

@@ -22,7 +22,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
 from polar_cli.export.parquet import ShardedWriter
 from polar_cli.export.split import stratified_test_keys
-from polar_cli.generate.ledger import ResultRow, open_ledger
+from polar_cli.generate.ledger import ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
 
@@ -112,18 +112,26 @@ def _ids(row: ResultRow, info: TaskInfo) -> dict[str, Any]:
             "reward": row.reward}  # fmt: skip
 
 
-def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> Iterator[tuple[dict[str, Any], int]]:
-    """``traces`` rows of one session (with their token counts)."""
+def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any],
+               tokens: list[TraceTokens] | None = None) -> Iterator[tuple[dict[str, Any], int]]:  # fmt: skip
+    """``traces`` rows of one session (with their token counts). ``tokens``: the traces' token fields as arrays
+    (the ledger's ``result_tokens``; ``result`` then lacks them); None: they are read from ``result``'s JSON."""
     ids = _ids(row, info)
     for chain, trace in enumerate(result["trajectory"]["traces"]):
-        entries = trace.get("response_logprobs")
         metadata = {**trace.get("metadata", {}), "task_id": row.task_id}
+        if tokens is None:
+            entries = trace.get("response_logprobs")
+            columns = {"prompt_ids": trace["prompt_ids"], "response_ids": trace["response_ids"],
+                       "loss_mask": trace["loss_mask"],
+                       "response_logprobs": None if entries is None else [e["logprob"] for e in entries]}  # fmt: skip
+        else:
+            t = tokens[chain]
+            columns = {"prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,
+                       "response_logprobs": t.response_logprobs}  # fmt: skip
         yield {
-            **ids, "chain_index": chain, "finish_reason": trace.get("finish_reason"),
-            "prompt_ids": trace["prompt_ids"], "response_ids": trace["response_ids"], "loss_mask": trace["loss_mask"],
-            "response_logprobs": None if entries is None else [e["logprob"] for e in entries],
+            **ids, "chain_index": chain, "finish_reason": trace.get("finish_reason"), **columns,
             "metadata": orjson.dumps(metadata, option=orjson.OPT_NON_STR_KEYS).decode(),
-        }, len(trace["prompt_ids"]) + len(trace["response_ids"])  # fmt: skip
+        }, len(columns["prompt_ids"]) + len(columns["response_ids"])  # fmt: skip
 
 
 def message_row(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +150,7 @@ class ExportSource(Protocol):
 
     def rows(self) -> list[ResultRow]: ...
 
-    def results(self) -> Iterator[tuple[ResultRow, bytes]]: ...
+    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]: ...
 
     def task(self, task_id: str) -> TaskRequest: ...
 
@@ -185,7 +193,7 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         for config in CONFIGS:
             writer(config, "train")  # always present, even when empty
         info: TaskInfo | None = None
-        for row, blob in ledger.results():
+        for row, blob, tokens in ledger.export_results():
             split = plan.get((row.task_id, row.sample_index))
             if split is None:
                 continue
@@ -193,8 +201,8 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
                 info = task_info(ledger.task(row.task_id))
             result = orjson.loads(blob)
             traces = writer("traces", split)
-            for values, tokens in trace_rows(row, info, result):
-                traces.add(values, tokens)
+            for values, count in trace_rows(row, info, result, tokens):
+                traces.add(values, count)
             writer("messages", split).add(message_row(row, info, result))
         report = ExportReport(out=to)
         for w in writers.values():

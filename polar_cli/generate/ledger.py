@@ -5,7 +5,11 @@ resumable.
   them idempotently);
 - ``attempts``: each (task, sample, attempt) with the service task that runs it, recorded *before* it is submitted,
   and its outcome once known;
-- ``results``: exactly one final SessionResult per (task, sample) (primary key; the first one written wins).
+- ``results``: exactly one final SessionResult per (task, sample) (primary key; the first one written wins);
+- ``result_tokens``: beside each result (same transaction), the same SessionResult split in two for ``polar export``:
+  ``slim``, its JSON without the traces' token fields, and ``tokens``, those fields as binary arrays (see
+  ``pack_tokens``), so an export never parses per-token JSON. Results written before this table existed (or whose
+  tokens do not fit the exported types) have no row here; export reads their full JSON instead.
 
 Each change is one transaction, so a crash at any point loses nothing that was committed and duplicates nothing.
 """
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from polar_cli.errors import ConfigError
@@ -39,7 +44,12 @@ CREATE TABLE IF NOT EXISTS results (
     trainable_tokens INTEGER NOT NULL, tokens INTEGER NOT NULL, turns INTEGER NOT NULL, traces INTEGER NOT NULL,
     result BLOB NOT NULL, PRIMARY KEY (task_id, sample_index)
 );
+CREATE TABLE IF NOT EXISTS result_tokens (
+    task_id TEXT NOT NULL, sample_index INTEGER NOT NULL, slim BLOB NOT NULL, tokens BLOB NOT NULL,
+    PRIMARY KEY (task_id, sample_index)
+);
 """
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "loss_mask", "response_logprobs")
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,9 @@ class Ledger:
                  int(row.accepted), row.trainable_tokens, row.tokens, row.turns, row.traces,
                  result.model_dump_json().encode()),
             )  # fmt: skip
+            if cursor.rowcount == 1 and (columnar := split_result(result)) is not None:
+                self.db.execute("INSERT OR IGNORE INTO result_tokens VALUES (?, ?, ?, ?)",
+                                (row.task_id, row.sample_index, *columnar))  # fmt: skip
             self.db.execute(
                 "UPDATE attempts SET status = ?, error = ? WHERE task_id = ? AND sample_index = ? AND attempt = ?",
                 (result.status, result.error, row.task_id, row.sample_index, row.attempts),
@@ -200,6 +213,84 @@ class Ledger:
         while batch := cursor.fetchmany(64):
             for values in batch:
                 yield _row(values[:-1]), bytes(values[-1])
+
+    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]:
+        """Every final result, streamed in dataset order (one row in memory at a time): ``(row, json, None)`` with
+        the full SessionResult JSON, or, where ``result_tokens`` has it, ``(row, slim json, each trace's tokens)``."""
+        query = f"SELECT {', '.join('r.' + c for c in SUMMARY.split(', '))}, "
+        query += "CASE WHEN c.slim IS NULL THEN r.result END, c.slim, c.tokens FROM results r "
+        query += "JOIN tasks t USING (task_id) LEFT JOIN result_tokens c USING (task_id, sample_index) "
+        query += "ORDER BY t.position, r.sample_index"
+        cursor = self.db.execute(query)
+        while batch := cursor.fetchmany(16):
+            for values in batch:
+                full, slim, tokens = values[-3:]
+                if slim is None:
+                    yield _row(values[:-3]), bytes(full), None
+                else:
+                    yield _row(values[:-3]), bytes(slim), unpack_tokens(tokens)
+
+
+@dataclass(frozen=True)
+class TraceTokens:
+    """One trace's token fields as the exported types: int32 ids, int8 mask, float64 logprobs (None: no logprobs)."""
+
+    prompt_ids: np.ndarray[Any, Any]
+    response_ids: np.ndarray[Any, Any]
+    loss_mask: np.ndarray[Any, Any]
+    response_logprobs: np.ndarray[Any, Any] | None
+
+
+def split_result(result: SessionResult) -> tuple[bytes, bytes] | None:
+    """``result`` as (its JSON without the traces' token fields, ``pack_tokens`` of those fields); None when a
+    token value does not fit the exported type exactly (export then reads the full JSON, as it always could)."""
+    traces = []
+    for trace in result.trajectory.traces:
+        prompt, response = np.array(trace.prompt_ids, dtype=np.int64), np.array(trace.response_ids, dtype=np.int64)
+        if any(a.size and (a.min() < -(2**31) or a.max() >= 2**31) for a in (prompt, response)):
+            return None
+        logprobs = trace.response_logprobs
+        traces.append(TraceTokens(
+            prompt.astype(np.int32), response.astype(np.int32),
+            np.array(trace.loss_mask, dtype=np.int8),
+            None if logprobs is None else np.array([e["logprob"] for e in logprobs], dtype=np.float64),
+        ))  # fmt: skip
+    exclude = {"trajectory": {"traces": {"__all__": set(TOKEN_FIELDS)}}}
+    return result.model_dump_json(exclude=exclude).encode(), pack_tokens(traces)
+
+
+def pack_tokens(traces: list[TraceTokens]) -> bytes:
+    """int64 header ``[n, then per trace: prompt, response, has logprobs]``, then every trace's float64 logprobs,
+    int32 prompt and response ids, int8 masks (each section 8-byte aligned after the one before)."""
+    header = [len(traces)]
+    for t in traces:
+        header += [len(t.prompt_ids), len(t.response_ids), int(t.response_logprobs is not None)]
+    parts = [np.array(header, dtype=np.int64).tobytes()]
+    parts += [t.response_logprobs.tobytes() for t in traces if t.response_logprobs is not None]
+    parts += [a.tobytes() for t in traces for a in (t.prompt_ids, t.response_ids)]
+    parts += [t.loss_mask.tobytes() for t in traces]
+    return b"".join(parts)
+
+
+def unpack_tokens(blob: bytes) -> list[TraceTokens]:
+    """``pack_tokens``'s traces, as read-only views of ``blob`` (no copy)."""
+    n = int(np.frombuffer(blob, dtype=np.int64, count=1)[0])
+    header = np.frombuffer(blob, dtype=np.int64, count=1 + 3 * n, offset=0)[1:].reshape(n, 3).tolist()
+    offset = 8 * (1 + 3 * n)
+    logprobs: list[np.ndarray[Any, Any] | None] = []
+    for _, response, has in header:
+        logprobs.append(np.frombuffer(blob, dtype=np.float64, count=response, offset=offset) if has else None)
+        offset += 8 * response if has else 0
+    ids = []
+    for prompt, response, _ in header:
+        ids.append((np.frombuffer(blob, dtype=np.int32, count=prompt, offset=offset),
+                    np.frombuffer(blob, dtype=np.int32, count=response, offset=offset + 4 * prompt)))  # fmt: skip
+        offset += 4 * (prompt + response)
+    traces = []
+    for (_, response, _), (p, r), lp in zip(header, ids, logprobs, strict=True):
+        traces.append(TraceTokens(p, r, np.frombuffer(blob, dtype=np.int8, count=response, offset=offset), lp))
+        offset += response
+    return traces
 
 
 def _row(values: tuple[Any, ...]) -> ResultRow:

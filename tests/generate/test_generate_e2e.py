@@ -180,6 +180,28 @@ def test_split_keeps_groups_of_two_in_both_and_is_deterministic(run: dict[str, A
     assert {s: sorted(twice[s]["session_id"]) for s in twice} == {s: sorted(traces[s]["session_id"]) for s in traces}
 
 
+def test_export_of_binary_token_columns_matches_the_json_path_on_a_real_folder(run: dict[str, Any]) -> None:
+    """The generated folder's results carry their tokens as arrays (``result_tokens``); the same folder without them
+    (as written before that table existed) exports through the JSON path: both give the very same rows."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from polar_cli.export import ExportOptions, export
+
+    copy = run["cwd"] / "as-before"
+    shutil.copytree(run["out"], copy)
+    with sqlite3.connect(copy / "ledger.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM result_tokens").fetchone()[0] == results_in(copy / "ledger.db") > 0
+        db.execute("DROP TABLE result_tokens")
+    options = ExportOptions(test_size=0.2, stratify_by="repo")
+    new, old = export(run["out"], run["cwd"] / "cmp-new", options), export(copy, run["cwd"] / "cmp-old", options)
+    assert new.rows == old.rows
+    for config in ("traces", "messages"):
+        tables = [[pq.read_table(f).to_pylist() for f in sorted((x.out / config).glob("*"))] for x in (new, old)]
+        assert tables[0] == tables[1] and any(tables[0])
+
+
 def test_push_hub_uploads_the_folder_and_says_why_it_cannot(run: dict[str, Any]) -> None:
     push = run["push"]
     with FakeHub() as hub:

@@ -87,3 +87,39 @@ def test_export_filters_and_keeps_rejected_rows_on_request(tmp_path: Path) -> No
     table = pq.read_table(tmp_path / "ds" / "traces" / "train-00000.parquet")
     assert table.column("response_logprobs").to_pylist()[0] == [-0.5, -0.25]
     assert table.column("loss_mask").to_pylist()[0] == [1, 1]
+
+
+def _rows(dataset: Path) -> dict[str, list[dict[str, object]]]:
+    import pyarrow.parquet as pq
+
+    return {config: [r for f in sorted((dataset / config).glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+            for config in ("traces", "messages")}  # fmt: skip
+
+
+def test_export_from_binary_token_columns_writes_the_rows_the_json_path_writes(tmp_path: Path) -> None:
+    """Results finished now carry their tokens as arrays (``result_tokens``); a ledger written before that (no such
+    rows) exports through the JSON path: both give the very same rows."""
+    import sqlite3
+
+    traces = [Trace(prompt_ids=[5, 2**31 - 1, 0], response_ids=[7, 8, 9], loss_mask=[1, 0, 1], finish_reason="stop",
+                    response_logprobs=[{"token": "a", "token_id": 7, "logprob": -0.1},
+                                       {"token_id": 8, "logprob": 0.0}, {"token_id": 9, "logprob": -1e-300}],
+                    prompt_messages=[{"role": "user", "content": "hi"}], metadata={"chain": 0}),
+              Trace(prompt_ids=[], response_ids=[1], loss_mask=[1], response_logprobs=None),
+              Trace(prompt_ids=[3], response_ids=[], loss_mask=[], response_logprobs=[])]  # fmt: skip
+    with Ledger(tmp_path / "gen") as ledger:
+        for i in range(3):
+            task = TaskRequest(task_id=f"t{i}", instruction="x", agent={"harness": "pi"}, metadata={"repo": "r"})
+            ledger.remember_task(i, "r", task)
+            result = SessionResult(session_id=f"s{i}", task_id=task.task_id, status="completed", reward=1.0,
+                                   trajectory=Trajectory(status="completed", traces=traces[: i + 1]),
+                                   num_completions=1)  # fmt: skip
+            row = ResultRow(task.task_id, 0, f"s{i}", "r", 1, "completed", 1.0, True, 1, 4, 1, len(traces))
+            assert ledger.finish(row, result)
+        assert ledger.db.execute("SELECT COUNT(*) FROM result_tokens").fetchone()[0] == 3
+    new = export(tmp_path / "gen", tmp_path / "new", ExportOptions())
+    with sqlite3.connect(tmp_path / "gen" / "ledger.db") as db:
+        db.execute("DROP TABLE result_tokens")  # as a ledger written before the table existed
+    old = export(tmp_path / "gen", tmp_path / "old", ExportOptions())
+    assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}}
+    assert _rows(tmp_path / "new") == _rows(tmp_path / "old")
