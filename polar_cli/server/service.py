@@ -92,7 +92,7 @@ class RolloutServer:
     def __init__(self, config: ServerConfig, store: SessionStore | None = None) -> None:
         self.config = config
         self.store: SessionStore = store or SQLiteStore(config.db_path)
-        self.threads = StoreThreads()
+        self.threads = StoreThreads(store=self.store)
         self.token = self._resolve_token()
         self.client = httpx.AsyncClient(timeout=config.dispatch_timeout_s)
         self.callbacks = CallbackSender(self.store, config.callbacks, self.client, self.threads)

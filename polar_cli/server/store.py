@@ -223,22 +223,66 @@ class SQLiteStore:
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """A read transaction: several queries see one state."""
-        self._db.execute("BEGIN")
+        """A read transaction: several queries see one state (inside a transaction already: that one)."""
+        db = self._db
+        if db.in_transaction:
+            yield db
+            return
+        db.execute("BEGIN")
         try:
-            yield self._db
+            yield db
         finally:
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One write transaction; inside a transaction already (a group commit), a savepoint of it instead: an
+        error then undoes this call's changes only, and the commit is the outer transaction's."""
+        db = self._db
+        if db.in_transaction:
+            with self.savepoint():
+                yield db
+            return
+        db.execute("BEGIN IMMEDIATE")
         try:
-            yield self._db
+            yield db
         except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Group commit: the write calls made inside run in ONE transaction (one fsync), committed on a clean exit,
+        rolled back when the block raises. Each call should run in its own :meth:`savepoint`."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A savepoint of the current transaction: released on a clean exit; rolled back to (this block's changes
+        undone, the transaction kept) when the block raises."""
+        db = self._db
+        db.execute("SAVEPOINT polar_call")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK TO polar_call")
+            db.execute("RELEASE polar_call")
+            raise
+        db.execute("RELEASE polar_call")
 
     # ---- tasks --------------------------------------------------------------------------------------------------
 
