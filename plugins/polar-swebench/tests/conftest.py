@@ -13,10 +13,12 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +188,17 @@ def _python_layer() -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path in sorted(files):
             tar.add(path, arcname=_arcname(path), recursive=False)
+        distributions = packages_distributions()
         for module in PYTEST_MODULES:
             source = Path(__import__(module).__file__ or "")
             if source.name == "__init__.py":
                 source = source.parent
-            tar.add(source, arcname=f"usr/lib/python3/dist-packages/{source.name}",
-                    filter=lambda info: None if "__pycache__" in info.name else info)  # fmt: skip
+            # the dist-info too: pytest and pluggy read their own versions from it
+            names = {re.sub(r"[-_.]+", "_", d).lower() + "-" for d in distributions.get(module, [])}
+            infos = [i for i in source.parent.glob("*.dist-info") if i.name.lower().startswith(tuple(names))]
+            for path in [source, *infos] if names else [source]:
+                tar.add(path, arcname=f"usr/lib/python3/dist-packages/{path.name}",
+                        filter=lambda info: None if "__pycache__" in info.name else info)  # fmt: skip
     return buffer.getvalue()
 
 
