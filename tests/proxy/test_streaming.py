@@ -20,7 +20,9 @@ from google.genai import types
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
+from polar_cli.proxy.backends.scripted import ScriptedClient, stream_chunks
 from polar_cli.proxy.codecs import get_codec
+from polar_cli.proxy.streaming import StreamAssembler
 from polar_cli.proxy.types import ChatRequest, Generation
 
 from .conftest import LoopThread, ProxySession, RunningProxy
@@ -271,9 +273,10 @@ def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
 
 
 def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_once(
-    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture
+    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    running = start_proxy()  # scripted: no token-id stream
+    monkeypatch.setattr(ScriptedClient, "streams_token_ids", False)  # a backend with no token-id stream
+    running = start_proxy()
     session = running.new_session(script=[{"content": "one"}, {"content": "two"}])
     client = _client(session)
     with caplog.at_level(logging.INFO, logger="polar.proxy"):
@@ -281,3 +284,116 @@ def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_onc
             stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
     assert sum("streams are synthetic" in r.getMessage() for r in caplog.records) == 1
+
+
+SCRIPTED_TURNS: list[dict[str, Any]] = [
+    {"content": "The answer is forty-two.", "reasoning_content": "Let me think about it."},
+    {
+        "content": "Checking.",
+        "tool_calls": [
+            {"function": {"name": "lookup", "arguments": {"q": "meaning of life"}}},
+            {"id": "call_b", "function": {"name": "echo", "arguments": '{"text": "hi"}'}},
+        ],
+    },
+]
+
+
+def _scripted_pair(session: ProxySession, provider: str, streamed: bool) -> None:
+    """One call in ``provider``'s protocol, streamed or not, consumed to its end."""
+    messages: Any = [{"role": "user", "content": "hello"}]
+    if provider == "openai_chat":
+        client = _client(session)
+        if streamed:
+            list(client.chat.completions.create(model="m", messages=messages, stream=True))
+        else:
+            client.chat.completions.create(model="m", messages=messages)
+    elif provider == "openai_responses":
+        client = _client(session)
+        if streamed:
+            events = list(client.responses.create(model="m", input="hello", stream=True))
+            assert events[-1].type == "response.completed"
+        else:
+            client.responses.create(model="m", input="hello")
+    elif provider == "anthropic":
+        ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+        if streamed:
+            with ant.messages.stream(model="m", max_tokens=64, messages=messages) as stream:
+                stream.get_final_message()
+        else:
+            ant.messages.create(model="m", max_tokens=64, messages=messages)
+    else:
+        options = types.HttpOptions(base_url=session.google_base, retry_options=types.HttpRetryOptions(attempts=1))
+        gem = genai.Client(api_key=session.api_key, http_options=options)
+        try:
+            if streamed:
+                list(gem.models.generate_content_stream(model="m", contents="hello"))
+            else:
+                gem.models.generate_content(model="m", contents="hello")
+        finally:
+            gem.close()
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+def test_scripted_passthrough_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], provider: str
+) -> None:
+    running = start_proxy()
+    streamed_session = running.new_session(script=SCRIPTED_TURNS)
+    plain_session = running.new_session(script=SCRIPTED_TURNS)
+    for _ in SCRIPTED_TURNS:
+        _scripted_pair(streamed_session, provider, streamed=True)
+        _scripted_pair(plain_session, provider, streamed=False)
+    streamed, plain = streamed_session.completions(), plain_session.completions()
+    assert len(streamed) == len(plain) == 2
+    for s_rec, p_rec in zip(streamed, plain, strict=True):
+        assert s_rec["metadata"]["stream"] is True and s_rec["metadata"]["delivery"] == "answered"
+        for key in TOKEN_FIELDS:
+            if key == "response_message" and s_rec[key].get("tool_calls"):
+                # generated call ids depend on the session id; everything else is the same
+                for call in s_rec[key]["tool_calls"] + p_rec[key]["tool_calls"]:
+                    if call["id"] != "call_b":
+                        call["id"] = "x"
+            assert s_rec[key] == p_rec[key], key
+    assert streamed[1]["response_message"]["tool_calls"][0]["function"]["name"] == "lookup"
+
+
+def test_scripted_chunks_are_pieces_in_vllms_shape_and_reassemble_to_the_generation() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    generation = Generation(
+        id="chatcmpl-1",
+        model="m",
+        message={"role": "assistant", "content": "hello there", "reasoning_content": "think", "tool_calls": [call]},
+        finish_reason="tool_calls",
+        prompt_ids=[1, 2],
+        response_ids=list(range(10, 22)),
+        response_logprobs=[-0.1 * k for k in range(12)],
+        response_tokens=[f"t{k}" for k in range(12)],
+        backend="scripted",
+        created=5,
+    )
+    chunks = stream_chunks(generation)
+    assert chunks[0]["prompt_token_ids"] == [1, 2] and chunks[0]["choices"][0]["token_ids"] == []
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    pieces = [c["choices"][0]["delta"] for c in chunks[1:-2]]
+    assert len(pieces) == 7  # 2 reasoning, 2 content, call header, 2 argument pieces
+    assembler = StreamAssembler("scripted")
+    for chunk in chunks:
+        assembler.feed(chunk)
+    again = assembler.generation()
+    for key in ("message", "finish_reason", "prompt_ids", "response_ids", "response_logprobs", "response_tokens"):
+        assert getattr(again, key) == getattr(generation, key), key
+
+
+def test_a_scripted_error_turn_streams_as_an_error_before_any_chunk(
+    start_proxy: Callable[..., RunningProxy],
+) -> None:
+    session = start_proxy().new_session(script=[{"error": {"status": 503, "message": "scripted outage"}}])
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(
+            _client(session).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+        )
+    assert caught.value.status_code == 503
+    assert session.completions() == []
