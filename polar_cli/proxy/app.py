@@ -41,7 +41,7 @@ from polar_cli.proxy.models_list import models_body
 from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
-from polar_cli.proxy.streaming import SSE_HEADERS, pump
+from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
 from polar_cli.proxy.types import ChatRequest, Generation
 
 log = logging.getLogger("polar.proxy")
@@ -280,8 +280,13 @@ class ProxyHandler:
         left = session.time_left()
         if left is not None and left <= 0:
             raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
-        with call_deadline(session.deadline):
-            upstream = await self.state.backend.open_stream(chat, session_id=session.session_id)
+        try:
+            with call_deadline(session.deadline):
+                upstream = await unless_client_leaves(
+                    request, self.state.backend.open_stream(chat, session_id=session.session_id)
+                )
+        except ConnectionResetError:  # gone during the prefill: nothing was sampled, nothing to answer or keep
+            return web.Response(status=499)  # nginx's "client closed request", for the access log only
 
         async def record(generation: Generation, delivery: Delivery) -> None:
             await self._record(session, codec, found, body, raw, started, chat, generation, delivery)

@@ -167,6 +167,22 @@ def test_a_client_that_leaves_aborts_the_upstream_and_leaves_an_abort_completion
     assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
 
 
+def test_a_client_that_leaves_during_the_prefill_stops_the_upstream_request_at_once(
+    start_proxy: Callable[..., RunningProxy], loop_thread: LoopThread
+) -> None:
+    upstream = Upstream(loop_thread, delay_s=120)  # a prefill far longer than the test
+    session = _proxy(start_proxy, upstream).new_session()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{session.openai_base}/chat/completions",
+            headers={"Authorization": f"Bearer {session.api_key}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "bye"}], "stream": True},
+            timeout=httpx.Timeout(30, read=0.5),
+        )  # the client gives up before the first token and hangs up
+    assert upstream.dropped_in_prefill.wait(60), "the upstream request outlived its client"
+    assert session.completions() == []  # nothing was sampled: nothing to keep
+
+
 def test_synthetic_mode_and_backends_without_token_streams_replay_the_whole_answer(
     start_proxy: Callable[..., RunningProxy], upstream: Upstream
 ) -> None:
@@ -260,7 +276,7 @@ def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
     client = genai.Client(api_key=session.api_key, http_options=options)
     try:
         chunks = list(client.models.generate_content_stream(model="m", contents="hello"))
-        assert [c.text for c in chunks] == ["echo:", " hello"]
+        assert [c.text for c in chunks] == ["echo:", " hello", ""]  # the last frame: finish and usage
         assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
         assert chunks[-1].usage_metadata and chunks[-1].usage_metadata.candidates_token_count == 3
         plain = client.models.generate_content(model="m", contents="hello")
@@ -397,3 +413,28 @@ def test_a_scripted_error_turn_streams_as_an_error_before_any_chunk(
         )
     assert caught.value.status_code == 503
     assert session.completions() == []
+
+
+def test_anthropic_passthrough_streams_tool_input_as_partial_json(proxy: RunningProxy) -> None:
+    """A call's arguments go out as ``input_json_delta`` pieces as they arrive; arguments that are not a JSON object
+    are held and sent whole, normalized as a non-streamed answer has them."""
+    calls = [
+        {"id": "toolu_a", "function": {"name": "lookup", "arguments": '{"q": "meaning of life", "n": 3}'}},
+        {"id": "toolu_b", "function": {"name": "echo", "arguments": "not json"}},
+    ]
+    session = proxy.new_session(script=[{"tool_calls": calls}])
+    ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    partials: dict[int, list[str]] = {}
+    with ant.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partials.setdefault(event.index, []).append(event.delta.partial_json)
+        final = stream.get_final_message()
+    blocks = [b for b in final.content if b.type == "tool_use"]
+    assert [(b.id, b.name, b.input) for b in blocks] == [
+        ("toolu_a", "lookup", {"q": "meaning of life", "n": 3}),
+        ("toolu_b", "echo", {"arguments": "not json"}),
+    ]
+    assert len(partials[0]) > 1 and "".join(partials[0]) == '{"q": "meaning of life", "n": 3}'  # streamed
+    assert partials[1] == ['{"arguments":"not json"}']  # held, normalized
+    assert final.stop_reason == "tool_use"
