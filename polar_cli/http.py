@@ -76,6 +76,8 @@ def status_for(exc: BaseException) -> int:
 
 
 CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
+"""Where ``polar proxy``, ``polar run`` and gateway nodes read their control token when no option gives one."""
+
 _GONE: web.RequestKey[asyncio.Event] = web.RequestKey("polar_client_gone", asyncio.Event)
 
 
@@ -88,7 +90,6 @@ def client_gone(request: web.BaseRequest) -> asyncio.Event:
         if request.transport is None or request.transport.is_closing():
             gone.set()
     return gone
-"""Where ``polar proxy``, ``polar run`` and gateway nodes read their control token when no option gives one."""
 
 
 def new_token() -> str:
