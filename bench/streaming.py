@@ -6,8 +6,9 @@ chunk per token, token ids and logprobs in every chunk, ``prompt_token_ids`` in 
 (``--stream-mode passthrough`` and ``synthetic``, journaling to a temp dir) sit in front of it. The fake vLLM, each
 proxy and the client run in processes of their own, as they would in a deployment (one event loop shared by all of
 them would charge the proxy's work to the backend's schedule). Each protocol's streaming request is sent
-``--requests`` times one after another; the table shows the median TTFB (first body byte) and total time, and each
-beside direct vLLM's: TTFB added in ms, total time in % of direct.
+``--requests`` times one after another; the table shows the median TTFB (the response's first byte, as curl's
+``time_starttransfer``: the proxy answers 200 once the upstream's first chunk is in), TTFT (the first byte of the
+first token's text) and total time, each beside direct vLLM's: ms added, and total time in % of direct.
 
     python bench/streaming.py [--tokens 64] [--rate 100] [--requests 5]
 """
@@ -36,6 +37,7 @@ from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 
 PROMPT_IDS = list(range(1, 513))
+WORD = "Zq"  # every sampled token's text: its first appearance in a body is the first token (TTFT)
 
 
 def fake_vllm(tokens: int, rate: float) -> web.Application:
@@ -44,8 +46,8 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
         head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": "bench"}
         if not body.get("stream"):  # the whole answer once every token is sampled (the synthetic path's call)
             await asyncio.sleep(tokens / rate)
-            entry = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
-            message = {"role": "assistant", "content": "ok " * (tokens - 1)}
+            entry = {"token": WORD, "logprob": -0.1, "bytes": list(WORD.encode()), "top_logprobs": []}
+            message = {"role": "assistant", "content": f"{WORD} " * (tokens - 1)}
             choice = {"index": 0, "message": message, "logprobs": {"content": [entry] * tokens},
                       "finish_reason": "stop", "token_ids": [100 + n for n in range(tokens)]}  # fmt: skip
             answer = {**head, "object": "chat.completion", "prompt_token_ids": PROMPT_IDS, "choices": [choice]}
@@ -60,8 +62,8 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
         for n in range(tokens):
             await asyncio.sleep(max(0.0, start + (n + 1) / rate - loop.time()))  # a fixed schedule, not drifting
             last = n == tokens - 1
-            entry = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
-            choice = {"index": 0, "delta": {"content": "" if last else "ok "}, "logprobs": {"content": [entry]},
+            entry = {"token": WORD, "logprob": -0.1, "bytes": list(WORD.encode()), "top_logprobs": []}
+            choice = {"index": 0, "delta": {"content": "" if last else f"{WORD} "}, "logprobs": {"content": [entry]},
                       "finish_reason": "stop" if last else None, "token_ids": [100 + n]}  # fmt: skip
             await resp.write(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -102,15 +104,20 @@ def requests_for(base: str, key: str) -> dict[str, tuple[str, dict[str, str], di
 
 async def timed(
     http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any]
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """(TTFB: time to the response's first byte, its status line, as curl's time_starttransfer; TTFT: time to the
+    first token's text; total time) of one streamed request."""
     started = time.perf_counter()
+    token = None
+    seen = b""
     async with http.post(url, headers=headers, json=body) as resp:
+        first = time.perf_counter() - started  # the client has the status line and headers
         assert resp.status == 200, await resp.text()
-        first = None
-        async for _ in resp.content.iter_any():
-            if first is None:
-                first = time.perf_counter() - started
-    return first or 0.0, time.perf_counter() - started
+        async for piece in resp.content.iter_any():
+            if token is None:
+                seen = seen[-len(WORD) :] + piece
+                token = time.perf_counter() - started if WORD.encode() in seen else None
+    return first, token or 0.0, time.perf_counter() - started
 
 
 def _free_port() -> int:
@@ -152,7 +159,7 @@ def _start(factory: Callable[[], web.Application]) -> tuple[str, multiprocessing
 
 async def main(tokens: int, rate: float, requests: int) -> None:
     processes = []
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     try:
         upstream, process = _start(functools.partial(fake_vllm, tokens, rate))
         processes.append(process)
@@ -182,16 +189,17 @@ async def main(tokens: int, rate: float, requests: int) -> None:
     report(results, tokens, rate, requests)
 
 
-def report(results: dict[tuple[str, str], list[tuple[float, float]]], tokens: int, rate: float, n: int) -> None:
-    medians = {key: (statistics.median(s[0] for s in v) * 1000, statistics.median(s[1] for s in v) * 1000)
-               for key, v in results.items()}  # fmt: skip
-    ttfb0, total0 = medians[("direct vLLM", "openai_chat")]
+def report(results: dict[tuple[str, str], list[tuple[float, float, float]]], tokens: int, rate: float, n: int) -> None:
+    medians = {key: [statistics.median(s[k] for s in v) * 1000 for k in range(3)] for key, v in results.items()}
+    ttfb0, ttft0, total0 = medians[("direct vLLM", "openai_chat")]
     print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms); median of {n}; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"{'path':<20} {'protocol':<18} {'TTFB ms':>9} {'+TTFB ms':>9} {'total ms':>9} {'total/direct':>13}")
-    for (path, provider), (ttfb, total) in medians.items():
-        print(f"{path:<20} {provider:<18} {ttfb:>9.1f} {ttfb - ttfb0:>+9.1f} {total:>9.1f} "
-              f"{(total / total0 - 1) * 100:>+12.1f}%")  # fmt: skip
+    print("TTFB: the response's first byte; TTFT: the first byte of the first token's text; +: added to direct vLLM's")
+    print(f"{'path':<18} {'protocol':<17} {'TTFB ms':>8} {'+TTFB':>7} {'TTFT ms':>8} {'+TTFT':>7} {'total ms':>9} "
+          f"{'total/direct':>12}")  # fmt: skip
+    for (path, provider), (ttfb, ttft, total) in medians.items():
+        print(f"{path:<18} {provider:<17} {ttfb:>8.1f} {ttfb - ttfb0:>+7.1f} {ttft:>8.1f} {ttft - ttft0:>+7.1f} "
+              f"{total:>9.1f} {(total / total0 - 1) * 100:>+11.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":
