@@ -1,10 +1,14 @@
 """Time to first byte and total time of a streamed answer: vLLM directly, the proxy in pass-through mode, and the
 proxy in synthetic mode, per provider protocol.
 
-A fake streaming vLLM samples at a fixed rate (``--tokens`` tokens at ``--rate`` tokens/s, one chunk per token, token
-ids and logprobs in every chunk, ``prompt_token_ids`` in the first). Two proxies (``--stream-mode passthrough`` and
-``synthetic``, journaling to a temp dir) sit in front of it, all in this process. Each protocol's streaming request
-is sent ``--requests`` times one after another; the table shows the median TTFB (first body byte) and total time.
+A fake streaming vLLM samples at a fixed rate (``--tokens`` tokens at ``--rate`` tokens/s on a fixed schedule, one
+chunk per token, token ids and logprobs in every chunk, ``prompt_token_ids`` in the first). Two proxies
+(``--stream-mode passthrough`` and ``synthetic``, journaling to a temp dir) sit in front of it. The fake vLLM, each
+proxy and the client run in processes of their own, as they would in a deployment (one event loop shared by all of
+them would charge the proxy's work to the backend's schedule). Each protocol's streaming request is sent
+``--requests`` times one after another; the table shows the median TTFB (the response's first byte, as curl's
+``time_starttransfer``: the proxy answers 200 once the upstream's first chunk is in), TTFT (the first byte of the
+first token's text) and total time, each beside direct vLLM's: ms added, and total time in % of direct.
 
     python bench/streaming.py [--tokens 64] [--rate 100] [--requests 5]
 """
@@ -13,9 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import multiprocessing
+import os
+import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +37,7 @@ from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 
 PROMPT_IDS = list(range(1, 513))
+WORD = "Zq"  # every sampled token's text: its first appearance in a body is the first token (TTFT)
 
 
 def fake_vllm(tokens: int, rate: float) -> web.Application:
@@ -36,8 +46,8 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
         head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": "bench"}
         if not body.get("stream"):  # the whole answer once every token is sampled (the synthetic path's call)
             await asyncio.sleep(tokens / rate)
-            entry = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
-            message = {"role": "assistant", "content": "ok " * (tokens - 1)}
+            entry = {"token": WORD, "logprob": -0.1, "bytes": list(WORD.encode()), "top_logprobs": []}
+            message = {"role": "assistant", "content": f"{WORD} " * (tokens - 1)}
             choice = {"index": 0, "message": message, "logprobs": {"content": [entry] * tokens},
                       "finish_reason": "stop", "token_ids": [100 + n for n in range(tokens)]}  # fmt: skip
             answer = {**head, "object": "chat.completion", "prompt_token_ids": PROMPT_IDS, "choices": [choice]}
@@ -47,11 +57,13 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
         first = {**head, "prompt_token_ids": PROMPT_IDS, "choices": [{"index": 0, "delta": {"role": "assistant",
                  "content": ""}, "logprobs": None, "finish_reason": None, "token_ids": []}]}  # fmt: skip
         await resp.write(b"data: " + orjson.dumps(first) + b"\n\n")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for n in range(tokens):
-            await asyncio.sleep(1 / rate)
+            await asyncio.sleep(max(0.0, start + (n + 1) / rate - loop.time()))  # a fixed schedule, not drifting
             last = n == tokens - 1
-            entry = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
-            choice = {"index": 0, "delta": {"content": "" if last else "ok "}, "logprobs": {"content": [entry]},
+            entry = {"token": WORD, "logprob": -0.1, "bytes": list(WORD.encode()), "top_logprobs": []}
+            choice = {"index": 0, "delta": {"content": "" if last else f"{WORD} "}, "logprobs": {"content": [entry]},
                       "finish_reason": "stop" if last else None, "token_ids": [100 + n]}  # fmt: skip
             await resp.write(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -92,46 +104,102 @@ def requests_for(base: str, key: str) -> dict[str, tuple[str, dict[str, str], di
 
 async def timed(
     http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict[str, Any]
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """(TTFB: time to the response's first byte, its status line, as curl's time_starttransfer; TTFT: time to the
+    first token's text; total time) of one streamed request."""
     started = time.perf_counter()
+    token = None
+    seen = b""
     async with http.post(url, headers=headers, json=body) as resp:
+        first = time.perf_counter() - started  # the client has the status line and headers
         assert resp.status == 200, await resp.text()
-        first = None
-        async for _ in resp.content.iter_any():
-            if first is None:
-                first = time.perf_counter() - started
-    return first or 0.0, time.perf_counter() - started
+        async for piece in resp.content.iter_any():
+            if token is None:
+                seen = seen[-len(WORD) :] + piece
+                token = time.perf_counter() - started if WORD.encode() in seen else None
+    return first, token or 0.0, time.perf_counter() - started
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _serve_forever(app_factory: Callable[[], web.Application], port: int) -> None:
+    """A child process: serve the app on 127.0.0.1:port until terminated."""
+
+    async def run() -> None:
+        runner = app_runner(app_factory(), handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+def _proxy_app(config: ProxyConfig) -> web.Application:
+    return create_proxy_app(config)
+
+
+def _start(factory: Callable[[], web.Application]) -> tuple[str, multiprocessing.process.BaseProcess]:
+    port = _free_port()
+    process = multiprocessing.get_context("spawn").Process(target=_serve_forever, args=(factory, port), daemon=True)
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return url, process
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not start")
 
 
 async def main(tokens: int, rate: float, requests: int) -> None:
-    upstream, up_runner = await serve(fake_vllm(tokens, rate))
-    runners = [up_runner]
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    with tempfile.TemporaryDirectory() as journal:
-        async with aiohttp.ClientSession() as http:
-            direct = (f"{upstream}/v1/chat/completions", {}, {"model": "bench", "stream": True, "messages": []})
-            for _ in range(requests):
-                results.setdefault(("direct vLLM", "openai_chat"), []).append(await timed(http, *direct))
-            for mode in ("passthrough", "synthetic"):
-                config = ProxyConfig(backend="vllm", backend_url=upstream, model="bench", stream_mode=mode,
-                                     journal_dir=Path(journal) / mode)  # fmt: skip
-                base, runner = await serve(create_proxy_app(config))
-                runners.append(runner)
-                auth = {"Authorization": f"Bearer {config.control_token}"}
-                async with http.post(f"{base}/sessions", json={}, headers=auth) as resp:
-                    session = await resp.json()
-                prefix = f"{base}/s/{session['session_id']}"
-                for provider, call in requests_for(prefix, session["api_key"]).items():
-                    for _ in range(requests):
-                        results.setdefault((f"proxy {mode}", provider), []).append(await timed(http, *call))
-    for runner in reversed(runners):
-        await runner.cleanup()
-    print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms); median of {requests}")
-    print(f"{'path':<20} {'protocol':<18} {'TTFB ms':>9} {'total ms':>9}")
-    for (path, provider), samples in results.items():
-        ttfb = statistics.median(s[0] for s in samples) * 1000
-        total = statistics.median(s[1] for s in samples) * 1000
-        print(f"{path:<20} {provider:<18} {ttfb:>9.1f} {total:>9.1f}")
+    processes = []
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    try:
+        upstream, process = _start(functools.partial(fake_vllm, tokens, rate))
+        processes.append(process)
+        with tempfile.TemporaryDirectory() as journal:
+            async with aiohttp.ClientSession() as http:
+                direct = (f"{upstream}/v1/chat/completions", {}, {"model": "bench", "stream": True, "messages": []})
+                await timed(http, *direct)  # warm-up
+                for _ in range(requests):
+                    results.setdefault(("direct vLLM", "openai_chat"), []).append(await timed(http, *direct))
+                for mode in ("passthrough", "synthetic"):
+                    config = ProxyConfig(backend="vllm", backend_url=upstream, model="bench", stream_mode=mode,
+                                         journal_dir=Path(journal) / mode, control_token="bench")  # fmt: skip
+                    base, process = _start(functools.partial(_proxy_app, config))
+                    processes.append(process)
+                    auth = {"Authorization": f"Bearer {config.control_token}"}
+                    async with http.post(f"{base}/sessions", json={}, headers=auth) as resp:
+                        session = await resp.json()
+                    prefix = f"{base}/s/{session['session_id']}"
+                    for provider, call in requests_for(prefix, session["api_key"]).items():
+                        await timed(http, *call)  # warm-up
+                        for _ in range(requests):
+                            results.setdefault((f"proxy {mode}", provider), []).append(await timed(http, *call))
+    finally:
+        for process in processes:
+            process.terminate()
+            process.join(10)
+    report(results, tokens, rate, requests)
+
+
+def report(results: dict[tuple[str, str], list[tuple[float, float, float]]], tokens: int, rate: float, n: int) -> None:
+    medians = {key: [statistics.median(s[k] for s in v) * 1000 for k in range(3)] for key, v in results.items()}
+    ttfb0, ttft0, total0 = medians[("direct vLLM", "openai_chat")]
+    print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms); median of {n}; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("TTFB: the response's first byte; TTFT: the first byte of the first token's text; +: added to direct vLLM's")
+    print(f"{'path':<18} {'protocol':<17} {'TTFB ms':>8} {'+TTFB':>7} {'TTFT ms':>8} {'+TTFT':>7} {'total ms':>9} "
+          f"{'total/direct':>12}")  # fmt: skip
+    for (path, provider), (ttfb, ttft, total) in medians.items():
+        print(f"{path:<18} {provider:<17} {ttfb:>8.1f} {ttfb - ttfb0:>+7.1f} {ttft:>8.1f} {ttft - ttft0:>+7.1f} "
+              f"{total:>9.1f} {(total / total0 - 1) * 100:>+11.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 - the bearer-token guard (constant-time, safe on any header bytes) and control-token generation;
 - ``json_errors``: a middleware that answers every failure in that shape, including aiohttp's own 404/405/413;
 - ``app_runner``: an AppRunner whose errors raised before any handler runs (HTTP framing 400s from aiohttp's parser)
-  are JSON too, not aiohttp's text/plain.
+  are JSON too, not aiohttp's text/plain; and ``client_gone(request)``, an event its connections set the moment the
+  client hangs up (a streaming handler stops its upstream then, not at its next write).
 
 An app may set ``app[ERROR_SHAPE]`` to answer some paths in another shape: the proxy answers everything under
 ``/s/{session_id}`` in the detected provider's error shape (``polar_cli.proxy.app``). The middleware and the runner
@@ -14,6 +15,7 @@ both use it, so a reply has the same shape whether the handler, the router or th
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -75,6 +77,19 @@ def status_for(exc: BaseException) -> int:
 
 CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
 """Where ``polar proxy``, ``polar run`` and gateway nodes read their control token when no option gives one."""
+
+_GONE: web.RequestKey[asyncio.Event] = web.RequestKey("polar_client_gone", asyncio.Event)
+
+
+def client_gone(request: web.BaseRequest) -> asyncio.Event:
+    """Set once ``request``'s client has hung up: at once when it already has, else when its connection is lost
+    (on a server started with :func:`app_runner`; elsewhere only a request whose client left before this call)."""
+    gone = request.get(_GONE)
+    if gone is None:
+        gone = request[_GONE] = asyncio.Event()
+        if request.transport is None or request.transport.is_closing():
+            gone.set()
+    return gone
 
 
 def new_token() -> str:
@@ -334,6 +349,13 @@ class ShapedErrorsRequestHandler(RequestHandler):
         self._handed = 0  # requests the parser has handed over (the index of the next head)
         self._last_payload: Any = None  # the body of the newest request handed over
         self._error_targets: dict[int, tuple[str, str]] = {}
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        request = self._current_request
+        super().connection_lost(exc)
+        gone = request.get(_GONE) if request is not None else None
+        if gone is not None:
+            gone.set()
 
     def data_received(self, data: bytes) -> None:
         self._framing.feed(data)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest
+from polar_cli.proxy.sessions import inline_script
 from polar_cli.registry import get_builder, get_evaluator, get_harness, get_runtime
 from polar_cli.runtimes.prepare import check_prepare
 
@@ -35,14 +36,11 @@ def check_task(task: TaskRequest, *, base_dir: Path | None = None) -> None:
     _field(task, "builder.config", lambda: builder.check_config(task.builder.config))
     _field(task, "evaluator.config", lambda: evaluator.check_config(task.evaluator.config))
     script = task.metadata.get("script")
-    if script is not None and not isinstance(script, list):
-        raise ConfigError(
-            f"task {task.task_id!r}: metadata.script must be an inline list of scripted turns, not "
-            f"{type(script).__name__} {script!r}: a task may not name a file on the gateway's host"
-        )
+    if script is not None:
+        _field(task, "metadata.script", lambda: inline_script(script))
 
 
-def _field(task: TaskRequest, where: str, check: Callable[[], None]) -> None:
+def _field(task: TaskRequest, where: str, check: Callable[[], object]) -> None:
     try:
         check()
     except ConfigError as exc:

@@ -150,3 +150,14 @@ def check_run(report: RunReport) -> None:
     if len(report.completions) != result.num_completions:
         raise AssertionError(f"journal holds {len(report.completions)} completions\n{report.describe()}")
     verify(result.trajectory, report.completions, raise_on_violation=True)
+
+
+def check_streamed(report: RunReport) -> None:
+    """Raise AssertionError unless the harness streamed at least one call and every streamed call was passed through
+    (re-encoded chunk by chunk, ``metadata.stream_mode == "passthrough"``), not replayed."""
+    streamed = [c for c in report.completions if c.metadata.get("stream")]
+    if not streamed:
+        raise AssertionError(f"no call of this run was streamed\n{report.describe()}")
+    modes = sorted({str(c.metadata.get("stream_mode")) for c in streamed})
+    if modes != ["passthrough"]:
+        raise AssertionError(f"streamed calls went out as {modes}, not passthrough\n{report.describe()}")

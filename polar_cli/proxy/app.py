@@ -41,8 +41,8 @@ from polar_cli.proxy.models_list import models_body
 from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
-from polar_cli.proxy.streaming import SSE_HEADERS, pump
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
+from polar_cli.proxy.types import ChatRequest, Generation, StreamMode
 
 log = logging.getLogger("polar.proxy")
 
@@ -217,9 +217,8 @@ class ProxyHandler:
             answer = _json(codec.encode(generation, chat))
         transport = request.transport if request is not None else None
         gone = request is not None and (transport is None or transport.is_closing())
-        await self._record(
-            session, codec, found, body, raw, started, chat, generation, "client_gone" if gone else "answered"
-        )
+        delivery: Delivery = "client_gone" if gone else "answered"
+        await self._record(session, codec, found, body, raw, started, chat, generation, delivery, "synthetic")
         return answer
 
     def _passthrough(self, codec: Codec) -> bool:
@@ -247,6 +246,7 @@ class ProxyHandler:
         chat: ChatRequest,
         generation: Generation,
         delivery: Delivery,
+        stream_mode: StreamMode,
     ) -> None:
         record = completion_record(
             session_id=session.session_id,
@@ -260,6 +260,7 @@ class ProxyHandler:
             path=found.route.path,
             raw_body=raw,
             delivery=delivery,
+            stream_mode=stream_mode,
         )
         await self.state.registry.record(session, record)  # on disk before the harness sees the answer('s end)
 
@@ -280,11 +281,16 @@ class ProxyHandler:
         left = session.time_left()
         if left is not None and left <= 0:
             raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
-        with call_deadline(session.deadline):
-            upstream = await self.state.backend.open_stream(chat, session_id=session.session_id)
+        try:
+            with call_deadline(session.deadline):
+                upstream = await unless_client_leaves(
+                    request, self.state.backend.open_stream(chat, session_id=session.session_id)
+                )
+        except ConnectionResetError:  # gone during the prefill: nothing was sampled, nothing to answer or keep
+            return web.Response(status=499)  # nginx's "client closed request", for the access log only
 
         async def record(generation: Generation, delivery: Delivery) -> None:
-            await self._record(session, codec, found, body, raw, started, chat, generation, delivery)
+            await self._record(session, codec, found, body, raw, started, chat, generation, delivery, "passthrough")
 
         return await pump(
             request,

@@ -16,7 +16,7 @@ import orjson
 
 from polar_cli.errors import BackendError
 from polar_cli.models import Provider
-from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds
+from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds, StreamMode
 
 Delivery = Literal["answered", "client_gone", "aborted"]
 """``answered``: the line was flushed, then the answer was handed to the client's connection. ``client_gone``: the
@@ -94,6 +94,7 @@ def completion_record(
     path: str,
     raw_body: bytes | None = None,
     delivery: Delivery = "answered",
+    stream_mode: StreamMode | None = None,
 ) -> dict[str, Any]:
     """The Completion fields for one call, ready for orjson.
 
@@ -129,6 +130,7 @@ def completion_record(
         "metadata": {
             "path": path,
             "stream": request.stream,
+            "stream_mode": stream_mode if request.stream else None,
             "generation_id": generation.id,
             "requested_model": request.model,
             "tool_choice": request.tool_choice,

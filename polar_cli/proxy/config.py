@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -11,6 +11,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.http import new_token
 from polar_cli.models import StrictModel
 from polar_cli.proxy.retry import RetryConfig
+from polar_cli.proxy.types import StreamMode
 
 _HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})
 
@@ -34,10 +35,10 @@ class ProxyConfig(StrictModel):
     backend_timeout_s: float | None = Field(default=None, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
-    stream_mode: Literal["passthrough", "synthetic"] = Field(
+    stream_mode: StreamMode = Field(
         default="passthrough",
         description="streaming requests: re-encode the backend's stream as it comes (backends that stream token "
-        "ids: vllm; others fall back to synthetic) or wait for the whole answer and replay it",
+        "ids: vllm, scripted; others fall back to synthetic) or wait for the whole answer and replay it",
     )
 
     @field_validator("control_token", mode="before")

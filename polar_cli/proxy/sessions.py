@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from polar_cli.errors import ConfigError, SessionError, SessionExistsError
+from polar_cli.errors import ConfigError, SessionError, SessionExistsError, brief
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion, validate_model
@@ -43,6 +43,13 @@ def _allowed(backend: BackendClient, options: Mapping[str, Any], where: str) -> 
 INLINE_SCRIPT_RULE = "a session's script must be an inline list of turns (script files come only from --script)"
 
 
+def inline_script(script: Any) -> list[Any]:
+    """``script`` when it is an inline list of turns; else ConfigError: a session or task may not name a host file."""
+    if not isinstance(script, list):
+        raise ConfigError(f"{INLINE_SCRIPT_RULE}, not {type(script).__name__} {brief(script)}")
+    return script
+
+
 def session_options(
     backend: BackendClient, metadata: Mapping[str, Any] | None, backend_options: Mapping[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -54,9 +61,10 @@ def session_options(
     metadata = dict(metadata or {})
     options = _allowed(backend, backend_options or {}, "backend_options")
     if "script" in metadata:
-        script = metadata.pop("script")
-        if not isinstance(script, list):
-            raise ConfigError(f"metadata.script: {INLINE_SCRIPT_RULE}, not {type(script).__name__}")
+        try:
+            script = inline_script(metadata.pop("script"))
+        except ConfigError as exc:
+            raise ConfigError(f"metadata.script: {exc}") from exc
         model = backend.session_options
         if model is not None and "script" in model.model_fields:
             if "script" in options:

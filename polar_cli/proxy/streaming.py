@@ -11,22 +11,25 @@ non-streaming call would have produced. :func:`pump` drives a codec's incrementa
   has seen the end of the stream can read its completion;
 - an upstream failure mid-stream (reset, bad chunk, an ``error`` object, no finish) is the provider's stream error
   event, never a silently truncated stream; nothing is journaled;
-- a client that disconnects aborts the upstream request; what was sampled so far is journaled with finish_reason
+- a client that disconnects aborts the upstream request the moment its connection is lost (``http.client_gone``),
+  during the prefill too (:func:`unless_client_leaves`); what was sampled so far is journaled with finish_reason
   ``abort`` and ``metadata.delivery = "aborted"`` (builders give such completions no trainable tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
+from polar_cli.http import client_gone
 from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
@@ -36,6 +39,7 @@ log = logging.getLogger("polar.proxy.streaming")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 ABORT = ABORTED
+T = TypeVar("T")
 
 
 class UpstreamStream(Protocol):
@@ -190,6 +194,29 @@ def _gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
+async def unless_client_leaves(request: web.Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ConnectionResetError as soon as the client hangs up first (``work`` is then cancelled:
+    an upstream request still in its prefill is dropped, and vLLM stops it)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(client_gone(request).wait())
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ConnectionResetError("the client left before the backend answered")
+    return task.result()
+
+
+async def _stop_when_gone(request: web.Request, upstream: UpstreamStream) -> None:
+    await client_gone(request).wait()
+    upstream.abort()
+
+
 async def pump(
     request: web.Request,
     upstream: UpstreamStream,
@@ -204,44 +231,70 @@ async def pump(
     """Stream one answer to the client as the upstream produces it (see the module docstring)."""
     answer = web.StreamResponse(status=200, headers=SSE_HEADERS)
     assembler = StreamAssembler(backend)
+    gone = client_gone(request)
+    watcher = asyncio.create_task(_stop_when_gone(request, upstream))  # a hang-up stops the upstream at once
     try:
         await answer.prepare(request)
         async with asyncio.timeout(time_left):
             async for chunk in upstream.chunks():
-                if _gone(request):  # checked per upstream chunk (about one per token), written to or not
+                if gone.is_set():
                     raise ConnectionResetError("client gone")
                 opened, delta = assembler.feed(chunk)
-                out = encoder.open(opened) if opened is not None else b""
-                if delta:
-                    out += encoder.delta(delta)
+                out = _encoded(encoder, opened, delta)
                 if out:
                     await answer.write(out)
+        if gone.is_set() and assembler.finish_reason is None:
+            raise ConnectionResetError("client gone")  # the upstream was stopped: what was sampled is an abort
         generation = assembler.generation()
         check_generation(generation)
-        await record(generation, "client_gone" if _gone(request) else "answered")
+        await record(generation, "client_gone" if gone.is_set() or _gone(request) else "answered")
     except (ConnectionResetError, asyncio.CancelledError) as exc:
         upstream.abort()
         await _record_abort(assembler, record)
         if isinstance(exc, asyncio.CancelledError):
             raise
         return answer
-    except TimeoutError:
+    except Exception as exc:
         upstream.abort()
-        return await _fail(answer, codec, 504, "no complete backend answer before the session's deadline")
-    except BackendError as exc:
-        upstream.abort()
-        log.warning("stream from %s failed: %s", backend, exc)
-        return await _fail(answer, codec, exc.status if exc.status >= 500 else 502, str(exc))
-    except Exception as exc:  # e.g. aiohttp.ClientPayloadError: the upstream connection broke mid-stream
-        upstream.abort()
-        log.warning("stream from %s broke: %s: %s", backend, type(exc).__name__, exc)
-        return await _fail(answer, codec, 502, f"the backend's stream broke: {type(exc).__name__}: {exc}")
+        if gone.is_set():  # the stopped upstream broke because the client left
+            await _record_abort(assembler, record)
+            return answer
+        return await _failed(answer, codec, backend, exc)
+    finally:
+        watcher.cancel()
     try:
         await answer.write(encoder.close(generation))
         await answer.write_eof()
     except ConnectionResetError:
         pass  # journaled as answered: the whole answer was sampled, only its last bytes were lost
     return answer
+
+
+async def _failed(answer: web.StreamResponse, codec: Codec, backend: str, exc: Exception) -> web.StreamResponse:
+    """The stream's end for a failure after the headers went out: the provider's error event."""
+    if isinstance(exc, TimeoutError):
+        return await _fail(answer, codec, 504, "no complete backend answer before the session's deadline")
+    if isinstance(exc, EncodeError):
+        log.error("a stream could not be encoded for the client: %s", exc)
+        return await _fail(answer, codec, 500, str(exc))
+    if isinstance(exc, BackendError):
+        log.warning("stream from %s failed: %s", backend, exc)
+        return await _fail(answer, codec, exc.status if exc.status >= 500 else 502, str(exc))
+    # e.g. aiohttp.ClientPayloadError: the upstream connection broke mid-stream
+    log.warning("stream from %s broke: %s: %s", backend, type(exc).__name__, exc)
+    return await _fail(answer, codec, 502, f"the backend's stream broke: {type(exc).__name__}: {exc}")
+
+
+class EncodeError(Exception):
+    """The proxy's own encoder failed on a piece (a bug, not the backend's fault): the stream ends in an error event."""
+
+
+def _encoded(encoder: StreamEncoder, opened: StreamStart | None, delta: StreamDelta) -> bytes:
+    try:
+        out = encoder.open(opened) if opened is not None else b""
+        return out + encoder.delta(delta) if delta else out
+    except Exception as exc:
+        raise EncodeError(f"the proxy could not encode the stream: {type(exc).__name__}: {exc}") from exc
 
 
 async def _record_abort(assembler: StreamAssembler, record: Record) -> None:

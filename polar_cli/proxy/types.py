@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -108,6 +108,11 @@ class JsonTokenIds(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"JsonTokenIds({len(self)} ids)"
+
+
+StreamMode = Literal["passthrough", "synthetic"]
+"""How a streamed answer reaches the client (``ProxyConfig.stream_mode``, journaled as ``metadata.stream_mode``):
+re-encoded chunk by chunk as the backend samples it, or replayed whole once the backend has answered."""
 
 
 @dataclass

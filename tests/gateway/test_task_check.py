@@ -103,7 +103,8 @@ def test_evaluator_config() -> None:
 
 def test_a_script_path_in_metadata_is_refused() -> None:
     script = "/etc/script.yaml"
-    refused(rf"metadata.script must be an inline list .* not str '{script}'", metadata={"script": script})
+    message = rf"metadata.script: a session's script must be an inline list .* not str '{script}'"
+    refused(message, metadata={"script": script})
 
 
 def test_the_gateway_refuses_at_submit_before_any_session(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.harnesses.testing import check_run, in_ci, missing_cli_reason, polar_run, polar_run_file
+from polar_cli.harnesses.testing import check_run, check_streamed, in_ci, missing_cli_reason, polar_run, polar_run_file
 from polar_cli.registry import get_harness
 
 pytestmark = pytest.mark.harness
@@ -26,8 +26,12 @@ def need_cli(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["shell", "pi", "qwen_code", "gemini_cli", "opencode"])
 def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path: Path, name: str) -> None:
+    """The harnesses that stream (all but shell) get pass-through streams: the scripted backend streams token ids."""
     need_cli(name)
-    check_run(polar_run(name, tmp_path))
+    report = polar_run(name, tmp_path)
+    check_run(report)
+    if name != "shell":
+        check_streamed(report)
 
 
 @pytest.mark.docker

@@ -171,3 +171,10 @@ def loop_thread() -> Iterator[LoopThread]:
 def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     """The shared proxy: scripted backend, demo tokenizer, journal on disk. Make your own session per test."""
     return start_proxy()
+
+
+@pytest.fixture(scope="session")
+def synthetic_proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    """Like ``proxy``, with ``stream_mode="synthetic"``: a stream is the whole answer replayed as the codec's exact
+    event sequence (the default, pass-through, streams the scripted turn in vLLM-shaped pieces)."""
+    return start_proxy(stream_mode="synthetic")

@@ -353,18 +353,23 @@ def test_stream_chunks_are_valid_and_last_carries_finish() -> None:
     )
     chunks = parse_sse(b"".join(CODEC.stream(gen, request)))
     parts = [c["candidates"][0]["content"]["parts"] for c in chunks]
-    assert all(p and all(part.get("text") != "" for part in p) for p in parts)  # gemini CLI rejects empty parts
+    # every piece goes out as it comes, and no frame before the last has an empty part (gemini CLI skips those)
+    assert all(p and all(part.get("text") != "" for part in p) for p in parts[:-1])
     assert parts[0] == [{"text": "Plan.", "thought": True}]
     assert parts[1][0]["thoughtSignature"] == seal_thought("Plan.")
     assert "".join(p[0]["text"] for p in parts[1:-1]) == text and len(parts) > 3
     assert [p["functionCall"]["name"] for p in parts[-1]] == ["f", "g"]
     assert all("finishReason" not in c["candidates"][0] and "usageMetadata" not in c for c in chunks[:-1])
     assert chunks[-1]["candidates"][0]["finishReason"] == "STOP" and chunks[-1]["usageMetadata"]["totalTokenCount"] == 5
-    [only] = parse_sse(b"".join(CODEC.stream(generation({"content": "Hi"}), request)))
-    assert (
-        only["candidates"][0]["content"]["parts"] == [{"text": "Hi"}]
-        and only["candidates"][0]["finishReason"] == "STOP"
-    )
+    # an answer without calls ends like Gemini's own stream: a last {text: ""} frame with the finish and the usage
+    first, last = parse_sse(b"".join(CODEC.stream(generation({"content": "Hi"}), request)))
+    head, tail = first["candidates"][0], last["candidates"][0]
+    assert head["content"]["parts"] == [{"text": "Hi"}] and "finishReason" not in head
+    assert tail["content"]["parts"] == [{"text": ""}] and tail["finishReason"] == "STOP"
+    # a thought with nothing after it: the signature rides on that last part
+    thought, end = parse_sse(b"".join(CODEC.stream(generation({"reasoning_content": "Hm."}), request)))
+    assert thought["candidates"][0]["content"]["parts"] == [{"text": "Hm.", "thought": True}]
+    assert end["candidates"][0]["content"]["parts"] == [{"text": "", "thoughtSignature": seal_thought("Hm.")}]
 
 
 def test_errors_are_provider_shaped() -> None:

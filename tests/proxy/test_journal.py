@@ -45,9 +45,10 @@ def vllm_proxy(start_proxy: Callable[..., RunningProxy], upstream: Upstream, **c
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_that_fails_after_the_backend_answered_is_not_journaled(
-    proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch, stream: bool
+    synthetic_proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch, stream: bool
 ) -> None:
-    session = proxy.new_session(script=[{"content": "one"}, {"content": "two"}])
+    """Synthetic mode: the answer is encoded whole before anything is sent (pass-through: the next test)."""
+    session = synthetic_proxy.new_session(script=[{"content": "one"}, {"content": "two"}])
 
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("encoder broke")
@@ -62,6 +63,38 @@ def test_a_call_that_fails_after_the_backend_answered_is_not_journaled(
     assert session.completions() == []
     monkeypatch.undo()
     assert chat(session, stream=stream).status_code == 200
+    [record] = session.completions()
+    assert record["index"] == 0 and record["metadata"]["delivery"] == "answered"
+
+
+def test_a_passthrough_stream_whose_encoding_fails_ends_in_an_error_event_and_journals_nothing(
+    proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = proxy.new_session(script=[{"content": "one two"}, {"content": "three"}])
+    from polar_cli.proxy.codecs import get_codec
+
+    codec = get_codec("openai_chat")
+    assert codec is not None
+    real = type(codec).encoder
+
+    def broken(self: Any, request: Any) -> Any:
+        encoder = real(self, request)
+        assert encoder is not None
+
+        def delta(piece: Any) -> bytes:
+            raise RuntimeError("encoder broke")
+
+        encoder.delta = delta  # type: ignore[method-assign]
+        return encoder
+
+    monkeypatch.setattr(type(codec), "encoder", broken)
+    resp = chat(session, stream=True)
+    assert resp.status_code == 200  # the headers were out before the first piece
+    frames = [f for f in resp.text.split("\n\n") if f]
+    assert "encoder broke" in frames[-1] and '"error"' in frames[-1]  # the stream ends in an error event
+    assert session.completions() == []
+    monkeypatch.undo()
+    assert chat(session, stream=True).status_code == 200
     [record] = session.completions()
     assert record["index"] == 0 and record["metadata"]["delivery"] == "answered"
 

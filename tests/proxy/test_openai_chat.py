@@ -114,8 +114,8 @@ def sse_frames(raw: str) -> list[str]:
     return [f[len("data: ") :] for f in frames]
 
 
-def test_exact_stream_sequence(proxy: RunningProxy) -> None:
-    session = proxy.new_session(
+def test_exact_stream_sequence(synthetic_proxy: RunningProxy) -> None:
+    session = synthetic_proxy.new_session(
         script=[
             {
                 "content": "Running it.",
@@ -176,6 +176,42 @@ def test_exact_stream_sequence(proxy: RunningProxy) -> None:
     ]
     assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["completion_tokens"] > 0
     assert len({c["id"] for c in chunks}) == 1 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_passthrough_stream_sequence(proxy: RunningProxy) -> None:
+    """Pass-through: the same answer arrives in the upstream's pieces; each tool call opens with its id and name and
+    then streams its arguments, and the finish and usage chunks end the stream."""
+    calls = [
+        {"function": {"name": "bash", "arguments": '{"cmd": "ls"}'}},
+        {"function": {"name": "bash", "arguments": '{"cmd":"pwd"}'}},
+    ]
+    session = proxy.new_session(script=[{"content": "Running it.", "tool_calls": calls}])
+    resp = httpx.post(
+        f"{session.openai_base}/chat/completions",
+        headers={"Authorization": f"Bearer {session.api_key}"},
+        json={"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS, "stream": True,
+              "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    assert resp.status_code == 200
+    frames = sse_frames(resp.text)
+    assert frames[-1] == "[DONE]"
+    chunks = [json.loads(f) for f in frames[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert "".join(d.get("content") or "" for d in deltas) == "Running it."
+    assert len([d for d in deltas if d.get("content")]) > 1  # streamed in pieces, not replayed whole
+    fragments = [f for d in deltas for f in d.get("tool_calls") or []]
+    for index, call in enumerate(calls):
+        mine = [f for f in fragments if f["index"] == index]
+        assert mine[0]["id"] and mine[0]["type"] == "function" and mine[0]["function"]["name"] == "bash"
+        assert all("id" not in f for f in mine[1:])
+        assert "".join(f["function"].get("arguments") or "" for f in mine) == call["function"]["arguments"]
+    first_of_second = fragments.index(next(f for f in fragments if f["index"] == 1))
+    assert all(f["index"] == 0 for f in fragments[:first_of_second])  # calls do not interleave
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls" and chunks[-1]["choices"] == []
+    [record] = session.completions()
+    assert chunks[-1]["usage"]["completion_tokens"] == len(record["response_ids"])
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(record["prompt_ids"])
 
 
 def test_stream_without_usage_has_no_usage_chunk(proxy: RunningProxy) -> None:

@@ -20,7 +20,9 @@ from google.genai import types
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
+from polar_cli.proxy.backends.scripted import ScriptedClient, stream_chunks
 from polar_cli.proxy.codecs import get_codec
+from polar_cli.proxy.streaming import StreamAssembler
 from polar_cli.proxy.types import ChatRequest, Generation
 
 from .conftest import LoopThread, ProxySession, RunningProxy
@@ -165,6 +167,22 @@ def test_a_client_that_leaves_aborts_the_upstream_and_leaves_an_abort_completion
     assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
 
 
+def test_a_client_that_leaves_during_the_prefill_stops_the_upstream_request_at_once(
+    start_proxy: Callable[..., RunningProxy], loop_thread: LoopThread
+) -> None:
+    upstream = Upstream(loop_thread, delay_s=120)  # a prefill far longer than the test
+    session = _proxy(start_proxy, upstream).new_session()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{session.openai_base}/chat/completions",
+            headers={"Authorization": f"Bearer {session.api_key}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "bye"}], "stream": True},
+            timeout=httpx.Timeout(30, read=0.5),
+        )  # the client gives up before the first token and hangs up
+    assert upstream.dropped_in_prefill.wait(60), "the upstream request outlived its client"
+    assert session.completions() == []  # nothing was sampled: nothing to keep
+
+
 def test_synthetic_mode_and_backends_without_token_streams_replay_the_whole_answer(
     start_proxy: Callable[..., RunningProxy], upstream: Upstream
 ) -> None:
@@ -258,7 +276,7 @@ def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
     client = genai.Client(api_key=session.api_key, http_options=options)
     try:
         chunks = list(client.models.generate_content_stream(model="m", contents="hello"))
-        assert [c.text for c in chunks] == ["echo:", " hello"]
+        assert [c.text for c in chunks] == ["echo:", " hello", ""]  # the last frame: finish and usage
         assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
         assert chunks[-1].usage_metadata and chunks[-1].usage_metadata.candidates_token_count == 3
         plain = client.models.generate_content(model="m", contents="hello")
@@ -271,9 +289,10 @@ def test_gemini_passthrough_streams_text_and_records_what_a_plain_call_records(
 
 
 def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_once(
-    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture
+    start_proxy: Callable[..., RunningProxy], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    running = start_proxy()  # scripted: no token-id stream
+    monkeypatch.setattr(ScriptedClient, "streams_token_ids", False)  # a backend with no token-id stream
+    running = start_proxy()
     session = running.new_session(script=[{"content": "one"}, {"content": "two"}])
     client = _client(session)
     with caplog.at_level(logging.INFO, logger="polar.proxy"):
@@ -281,3 +300,141 @@ def test_a_backend_without_token_streams_falls_back_to_synthetic_and_says_so_onc
             stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
     assert sum("streams are synthetic" in r.getMessage() for r in caplog.records) == 1
+
+
+SCRIPTED_TURNS: list[dict[str, Any]] = [
+    {"content": "The answer is forty-two.", "reasoning_content": "Let me think about it."},
+    {
+        "content": "Checking.",
+        "tool_calls": [
+            {"function": {"name": "lookup", "arguments": {"q": "meaning of life"}}},
+            {"id": "call_b", "function": {"name": "echo", "arguments": '{"text": "hi"}'}},
+        ],
+    },
+]
+
+
+def _scripted_pair(session: ProxySession, provider: str, streamed: bool) -> None:
+    """One call in ``provider``'s protocol, streamed or not, consumed to its end."""
+    messages: Any = [{"role": "user", "content": "hello"}]
+    if provider == "openai_chat":
+        client = _client(session)
+        if streamed:
+            list(client.chat.completions.create(model="m", messages=messages, stream=True))
+        else:
+            client.chat.completions.create(model="m", messages=messages)
+    elif provider == "openai_responses":
+        client = _client(session)
+        if streamed:
+            events = list(client.responses.create(model="m", input="hello", stream=True))
+            assert events[-1].type == "response.completed"
+        else:
+            client.responses.create(model="m", input="hello")
+    elif provider == "anthropic":
+        ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+        if streamed:
+            with ant.messages.stream(model="m", max_tokens=64, messages=messages) as stream:
+                stream.get_final_message()
+        else:
+            ant.messages.create(model="m", max_tokens=64, messages=messages)
+    else:
+        options = types.HttpOptions(base_url=session.google_base, retry_options=types.HttpRetryOptions(attempts=1))
+        gem = genai.Client(api_key=session.api_key, http_options=options)
+        try:
+            if streamed:
+                list(gem.models.generate_content_stream(model="m", contents="hello"))
+            else:
+                gem.models.generate_content(model="m", contents="hello")
+        finally:
+            gem.close()
+
+
+@pytest.mark.parametrize("provider", ["openai_chat", "openai_responses", "anthropic", "gemini"])
+def test_scripted_passthrough_records_what_a_plain_call_records(
+    start_proxy: Callable[..., RunningProxy], provider: str
+) -> None:
+    running = start_proxy()
+    streamed_session = running.new_session(script=SCRIPTED_TURNS)
+    plain_session = running.new_session(script=SCRIPTED_TURNS)
+    for _ in SCRIPTED_TURNS:
+        _scripted_pair(streamed_session, provider, streamed=True)
+        _scripted_pair(plain_session, provider, streamed=False)
+    streamed, plain = streamed_session.completions(), plain_session.completions()
+    assert len(streamed) == len(plain) == 2
+    for s_rec, p_rec in zip(streamed, plain, strict=True):
+        assert s_rec["metadata"]["stream"] is True and s_rec["metadata"]["delivery"] == "answered"
+        for key in TOKEN_FIELDS:
+            if key == "response_message" and s_rec[key].get("tool_calls"):
+                # generated call ids depend on the session id; everything else is the same
+                for call in s_rec[key]["tool_calls"] + p_rec[key]["tool_calls"]:
+                    if call["id"] != "call_b":
+                        call["id"] = "x"
+            assert s_rec[key] == p_rec[key], key
+    assert streamed[1]["response_message"]["tool_calls"][0]["function"]["name"] == "lookup"
+
+
+def test_scripted_chunks_are_pieces_in_vllms_shape_and_reassemble_to_the_generation() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    generation = Generation(
+        id="chatcmpl-1",
+        model="m",
+        message={"role": "assistant", "content": "hello there", "reasoning_content": "think", "tool_calls": [call]},
+        finish_reason="tool_calls",
+        prompt_ids=[1, 2],
+        response_ids=list(range(10, 22)),
+        response_logprobs=[-0.1 * k for k in range(12)],
+        response_tokens=[f"t{k}" for k in range(12)],
+        backend="scripted",
+        created=5,
+    )
+    chunks = stream_chunks(generation)
+    assert chunks[0]["prompt_token_ids"] == [1, 2] and chunks[0]["choices"][0]["token_ids"] == []
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    pieces = [c["choices"][0]["delta"] for c in chunks[1:-2]]
+    assert len(pieces) == 7  # 2 reasoning, 2 content, call header, 2 argument pieces
+    assembler = StreamAssembler("scripted")
+    for chunk in chunks:
+        assembler.feed(chunk)
+    again = assembler.generation()
+    for key in ("message", "finish_reason", "prompt_ids", "response_ids", "response_logprobs", "response_tokens"):
+        assert getattr(again, key) == getattr(generation, key), key
+
+
+def test_a_scripted_error_turn_streams_as_an_error_before_any_chunk(
+    start_proxy: Callable[..., RunningProxy],
+) -> None:
+    session = start_proxy().new_session(script=[{"error": {"status": 503, "message": "scripted outage"}}])
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(
+            _client(session).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+        )
+    assert caught.value.status_code == 503
+    assert session.completions() == []
+
+
+def test_anthropic_passthrough_streams_tool_input_as_partial_json(proxy: RunningProxy) -> None:
+    """A call's arguments go out as ``input_json_delta`` pieces as they arrive; arguments that are not a JSON object
+    are held and sent whole, normalized as a non-streamed answer has them."""
+    calls = [
+        {"id": "toolu_a", "function": {"name": "lookup", "arguments": '{"q": "meaning of life", "n": 3}'}},
+        {"id": "toolu_b", "function": {"name": "echo", "arguments": "not json"}},
+    ]
+    session = proxy.new_session(script=[{"tool_calls": calls}])
+    ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    partials: dict[int, list[str]] = {}
+    with ant.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partials.setdefault(event.index, []).append(event.delta.partial_json)
+        final = stream.get_final_message()
+    blocks = [b for b in final.content if b.type == "tool_use"]
+    assert [(b.id, b.name, b.input) for b in blocks] == [
+        ("toolu_a", "lookup", {"q": "meaning of life", "n": 3}),
+        ("toolu_b", "echo", {"arguments": "not json"}),
+    ]
+    assert len(partials[0]) > 1 and "".join(partials[0]) == '{"q": "meaning of life", "n": 3}'  # streamed
+    assert partials[1] == ['{"arguments":"not json"}']  # held, normalized
+    assert final.stop_reason == "tool_use"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -92,6 +93,7 @@ class Upstream:
         self.token_delay_s = token_delay_s
         self.stream_closed: asyncio.Event | None = None
         self.streams_finished = 0
+        self.dropped_in_prefill = threading.Event()
         self.requests = 0
         self.delay_s = delay_s
         self.prompt_ids = list(range(1, prompt_tokens + 1))
@@ -120,8 +122,13 @@ class Upstream:
         with self._lock:
             self.requests += 1
             action: Action = self.actions.pop(0) if self.actions else "ok"
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.delay_s:  # the prefill: ends early when the proxy drops the request
+            deadline = time.monotonic() + self.delay_s
+            while time.monotonic() < deadline:
+                if request.transport is None or request.transport.is_closing():
+                    self.dropped_in_prefill.set()
+                    return web.Response()
+                await asyncio.sleep(0.01)
         if action == "reset":
             assert request.transport is not None
             request.transport.abort()

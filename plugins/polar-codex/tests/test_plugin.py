@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.harnesses.testing import check_run, describe, doctor_report, in_ci, missing_cli_reason, polar_run
+from polar_cli.harnesses.testing import (
+    check_run,
+    check_streamed,
+    describe,
+    doctor_report,
+    in_ci,
+    missing_cli_reason,
+    polar_run,
+)
 from polar_cli.interfaces.harness import HarnessContext
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
 
@@ -97,4 +105,6 @@ def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path:
         if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
-    check_run(polar_run("codex", tmp_path))
+    report = polar_run("codex", tmp_path)
+    check_run(report)
+    check_streamed(report)  # the scripted backend streams: pass-through, as with vLLM

@@ -7,10 +7,11 @@ ids through the end-of-turn token, one deterministic logprob per token). See doc
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,7 @@ from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
+from polar_cli.proxy.streaming import UpstreamStream
 from polar_cli.proxy.types import ChatRequest, Generation
 
 
@@ -115,9 +117,99 @@ class _Cursor:
         self.position = 0
 
 
+def _halves(text: str | None) -> list[str]:
+    if not text:
+        return []
+    cut = max(1, len(text) // 2)
+    return [piece for piece in (text[:cut], text[cut:]) if piece]
+
+
+def _slices(ids: list[int], n: int) -> list[list[int]]:
+    """``ids`` cut into ``n`` consecutive slices as even as possible (some empty when there are fewer ids)."""
+    size, extra = divmod(len(ids), n)
+    out, start = [], 0
+    for k in range(n):
+        end = start + size + (1 if k < extra else 0)
+        out.append(ids[start:end])
+        start = end
+    return out
+
+
+def stream_chunks(generation: Generation) -> list[dict[str, Any]]:
+    """The chunks vLLM would stream for ``generation`` (``return_token_ids``, ``include_usage``): the first carries
+    ``prompt_token_ids``; reasoning, content and each tool call's arguments come in pieces, the response ids and their
+    logprobs split over them; the last id (end of turn) rides on the finish chunk; a usage chunk ends the stream.
+    Assembled again (:class:`polar_cli.proxy.streaming.StreamAssembler`), they are ``generation`` itself."""
+    message = generation.message
+    deltas: list[dict[str, Any]] = [{"reasoning_content": p} for p in _halves(message.get("reasoning_content"))]
+    deltas += [{"content": p} for p in _halves(message.get("content"))]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        head = {"index": index, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+        deltas.append({"tool_calls": [head]})
+        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": p}}]} for p in _halves(fn["arguments"])]
+    ids = generation.response_ids
+    logprobs = generation.response_logprobs or [0.0] * len(ids)
+    tokens = generation.response_tokens or [""] * len(ids)
+    entries = [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in zip(tokens, logprobs, strict=True)
+    ]
+    head = {
+        "id": generation.id,
+        "object": "chat.completion.chunk",
+        "created": generation.created,
+        "model": generation.model,
+    }
+
+    def chunk(delta: dict[str, Any], start: int, end: int, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": {"content": entries[start:end]} if end > start else None,
+            "finish_reason": finish,
+            "token_ids": ids[start:end],
+        }
+        return {**head, **extra, "choices": [choice]}
+
+    out = [chunk({"role": "assistant", "content": ""}, 0, 0, prompt_token_ids=list(generation.prompt_ids))]
+    body = len(ids) - 1 if ids else 0  # the last id comes with the finish chunk
+    start = 0
+    for delta, part in zip(deltas, _slices(list(range(body)), len(deltas)) if deltas else [], strict=True):
+        out.append(chunk(delta, start, start + len(part)))
+        start += len(part)
+    out.append(chunk({}, start, len(ids), generation.finish_reason))
+    usage = {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+    out.append({**head, "choices": [], "usage": usage})
+    return out
+
+
+class ScriptedStream:
+    """A scripted turn streamed as vLLM's chunks (already generated: nothing to stop)."""
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        self._chunks = chunks
+        self._aborted = False
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        for chunk in self._chunks:
+            if self._aborted:
+                return
+            yield chunk
+            await asyncio.sleep(0)  # one chunk per loop turn, like a real upstream
+
+    def abort(self) -> None:
+        self._aborted = True
+
+
 class ScriptedClient(BackendClient):
     name = "scripted"
     session_options = ScriptedSessionOptions
+    streams_token_ids = True
 
     def __init__(self, config: ScriptedConfig) -> None:
         self.config = config
@@ -197,3 +289,7 @@ class ScriptedClient(BackendClient):
             backend_seconds=time.perf_counter() - started,
             created=int(time.time()),
         )
+
+    async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
+        """The session's next turn as vLLM's streaming chunks; a scripted error is raised here, before any chunk."""
+        return ScriptedStream(stream_chunks(await self.generate(request, session_id=session_id)))

@@ -88,9 +88,11 @@ def _frame(event: str, data: dict[str, Any]) -> bytes:
 class AnthropicStreamEncoder(StreamEncoder):
     """Messages stream events: ``message_start`` + ``ping``; a content block per kind of piece in arrival order
     (thinking → ``thinking_delta``s then, at its end, a ``signature_delta`` over the whole thinking text; text →
-    ``text_delta``s; each tool call → one ``input_json_delta`` of its complete, normalized input when the call ends,
-    since a partial argument string may not be JSON the client can parse); an empty text block when the answer had
-    neither text nor tool calls; ``message_delta`` (stop reason, usage) and ``message_stop``."""
+    ``text_delta``s; each tool call → ``input_json_delta``s). A call's arguments stream as they arrive once they
+    start as a JSON object (``{``), as Anthropic streams ``partial_json``; arguments that do not (empty, or not an
+    object) are held and sent whole at the call's end, normalized by ``load_arguments`` as a non-streamed answer
+    would have them. An empty text block when the answer had neither text nor tool calls; ``message_delta`` (stop
+    reason, usage) and ``message_stop``."""
 
     def __init__(self, request: ChatRequest) -> None:
         self.request = request
@@ -99,6 +101,7 @@ class AnthropicStreamEncoder(StreamEncoder):
         self.call: int | None = None  # the open tool call's index
         self.thinking: list[str] = []
         self.arguments: list[str] = []
+        self.live = False  # the open call's arguments go out as they arrive
         self.wrote_text = False
         self.wrote_tool = False
         self.message_id = ""
@@ -134,15 +137,28 @@ class AnthropicStreamEncoder(StreamEncoder):
     def _delta(self, payload: dict[str, Any]) -> bytes:
         return _frame("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": payload})
 
+    def _json(self, partial: str) -> bytes:
+        return self._delta({"type": "input_json_delta", "partial_json": partial})
+
+    def _arguments(self, piece: str) -> bytes:
+        self.arguments.append(piece)
+        if self.live:
+            return self._json(piece) if piece else b""
+        text = "".join(self.arguments)
+        if text.lstrip().startswith("{"):
+            self.live = True
+            return self._json(text)
+        return b""
+
     def _stop(self) -> bytes:
         if self.kind is None:
             return b""
         out = b""
         if self.kind == "thinking":
             out += self._delta({"type": "signature_delta", "signature": sign_thinking("".join(self.thinking))})
-        elif self.kind == "tool_use":
+        elif self.kind == "tool_use" and not self.live:
             arguments = orjson.dumps(load_arguments("".join(self.arguments))).decode()
-            out += b"".join(self._delta({"type": "input_json_delta", "partial_json": p}) for p in chunks(arguments))
+            out += b"".join(self._json(p) for p in chunks(arguments))
         self.kind = None
         return out + _frame("content_block_stop", {"type": "content_block_stop", "index": self.index})
 
@@ -167,8 +183,9 @@ class AnthropicStreamEncoder(StreamEncoder):
                 out += self._start("tool_use", block)
                 self.call = index
                 self.arguments = []
+                self.live = False
                 self.wrote_tool = True
-            self.arguments.append(fn.get("arguments") or "")
+            out += self._arguments(fn.get("arguments") or "")
         return out
 
     def close(self, generation: Generation) -> bytes:

@@ -7,9 +7,10 @@ per tool call (``id`` = the backend's call id). When there was reasoning, the fi
 history but keeps signatures, so the reasoning comes back. Tool calls finish with ``STOP`` (as Gemini does),
 ``length`` with ``MAX_TOKENS``.
 
-The synthetic stream (``?alt=sse``) is ``data: {GenerateContentResponse}`` frames without ``[DONE]``: the thought
-in chunks, the text in chunks, all function calls in one chunk; the last chunk also carries ``finishReason`` and
-``usageMetadata``. Every frame has a non-empty part (gemini CLI rejects a chunk whose part is ``{text: ""}``).
+A stream (``?alt=sse``) is ``data: {GenerateContentResponse}`` frames without ``[DONE]``: the thought in chunks, the
+text in chunks, each sent as it arrives, then a last chunk with ``finishReason`` and ``usageMetadata`` that holds all
+function calls, or ``{text: ""}`` when there are none (as Gemini's own last chunk; gemini CLI reads its finishReason
+and skips the empty part).
 """
 
 from __future__ import annotations
@@ -90,16 +91,15 @@ def _usage(generation: Generation) -> dict[str, int]:
 
 
 class GoogleStreamEncoder(StreamEncoder):
-    """``data: {GenerateContentResponse}`` frames: thought pieces, text pieces, then all function calls in one frame
-    (their arguments are complete only at the end). One frame is held back so the last can carry ``finishReason``
-    and ``usageMetadata``; the thought signature rides on the first part after the thought (on the thought's last
-    piece when nothing follows); an answer with no part at all is one ``{text: ""}`` frame."""
+    """``data: {GenerateContentResponse}`` frames, each sent as soon as its piece arrives: thought pieces, text
+    pieces, then the closing frame with ``finishReason`` and ``usageMetadata``. That frame holds all function calls
+    (their arguments are complete only at the end) or, when the answer has none, one ``{text: ""}`` part, as Gemini's
+    own last chunk does. The thought signature rides on the first part after the thought."""
 
     def __init__(self, request: ChatRequest) -> None:
         self.request = request
         self.generation_id = ""
         self.rid = ""
-        self.held: list[dict[str, Any]] | None = None
         self.thought: list[str] = []
         self.sealed = False
         self.calls: dict[int, dict[str, Any]] = {}
@@ -109,10 +109,8 @@ class GoogleStreamEncoder(StreamEncoder):
         self.rid = _response_id(start.id)
         return b""
 
-    def _push(self, parts: list[dict[str, Any]]) -> bytes:
-        out = sse_event(envelope(self.rid, self.request, self.held)) if self.held is not None else b""
-        self.held = parts
-        return out
+    def _frame(self, parts: list[dict[str, Any]]) -> bytes:
+        return sse_event(envelope(self.rid, self.request, parts))
 
     def _seal(self, part: dict[str, Any]) -> None:
         if self.thought and not self.sealed:
@@ -124,11 +122,11 @@ class GoogleStreamEncoder(StreamEncoder):
         if delta.reasoning:
             self.thought.append(delta.reasoning)
             for piece in chunks(delta.reasoning):
-                out += self._push([{"text": piece, "thought": True}])
+                out += self._frame([{"text": piece, "thought": True}])
         for piece in chunks(delta.content):
             part = {"text": piece}
             self._seal(part)
-            out += self._push([part])
+            out += self._frame([part])
         for fragment in delta.tool_calls:
             fn = fragment.get("function") or {}
             call = self.calls.setdefault(
@@ -140,16 +138,12 @@ class GoogleStreamEncoder(StreamEncoder):
         return out
 
     def close(self, generation: Generation) -> bytes:
-        out = b""
         if self.calls:
             parts = call_parts(self.generation_id, [c for _, c in sorted(self.calls.items())])
-            self._seal(parts[0])
-            out += self._push(parts)
-        if self.held is None:
-            self.held = [{"text": ""}]
         else:
-            self._seal(self.held[0])
-        return out + sse_event(with_finish(generation, envelope(self.rid, self.request, self.held)))
+            parts = [{"text": ""}]
+        self._seal(parts[0])
+        return sse_event(with_finish(generation, envelope(self.rid, self.request, parts)))
 
 
 class GoogleCodec(Codec):
