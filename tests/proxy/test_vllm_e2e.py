@@ -395,3 +395,40 @@ def test_the_official_sdks_stream_text_and_a_tool_call_through_passthrough_with_
         assert record["response_logprobs"] == pytest.approx(logprobs, abs=1e-4)
     completions = [Completion.model_validate(r) for r in records]
     assert verify(build_trajectory("per_request", completions), completions, raise_on_violation=True).ok
+
+
+def _vllm_metric(vllm_url: str, name: str) -> float:
+    lines = httpx.get(f"{vllm_url}/metrics", timeout=30).text.splitlines()
+    values = [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " "))]
+    assert values, f"vLLM's /metrics has no {name}"
+    return sum(values)
+
+
+def test_a_client_that_hangs_up_mid_stream_stops_vllm_and_leaves_an_untrainable_abort(
+    vllm_proxy: RunningProxy, vllm_url: str
+) -> None:
+    import openai
+
+    session = vllm_proxy.new_session()
+    client = openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+    generated_before = _vllm_metric(vllm_url, "vllm:generation_tokens_total")
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=4000, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},  # vLLM would sample all 4000 tokens unless it is stopped
+    )  # fmt: skip
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break  # the first piece of text: hang up
+    stream.close()
+    for _ in range(600):
+        records = session.completions()
+        if records and _vllm_metric(vllm_url, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    [record] = records
+    assert record["finish_reason"] == "abort" and record["metadata"]["delivery"] == "aborted"
+    assert 0 < len(record["response_ids"]) < 4000  # stopped long before max_tokens
+    assert _vllm_metric(vllm_url, "vllm:num_requests_running") == 0  # vLLM itself dropped the request ...
+    assert _vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before < 4000  # ... before the end
+    trajectory = build_trajectory("per_request", [Completion.model_validate(record)])
+    assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
