@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -35,7 +35,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_cli.export import ExportOptions, export
-from polar_cli.generate.ledger import ResultRow, TraceTokens, split_result, unpack_tokens
+from polar_cli.generate.ledger import ExportedResult, ResultRow, split_result, unpack_tokens
 from polar_cli.models import SessionResult, TaskRequest
 
 DISTINCT = 16
@@ -82,14 +82,15 @@ class SyntheticSource:
     def rows(self) -> list[ResultRow]:
         return [self._row(i) for i in range(self.n)]  # summaries only, ~200 bytes each
 
-    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]:
-        for i in range(self.n):
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]:
+        for row in rows:
+            i = int(row.task_id.removeprefix("task-"))
             if self.as_json:
-                yield self._row(i), self.blobs[i % DISTINCT], None
+                yield row, self.blobs[i % DISTINCT], None
             else:
                 columnar = self.columnar[i % DISTINCT]
                 assert columnar is not None
-                yield self._row(i), columnar[0], unpack_tokens(columnar[1])
+                yield row, columnar[0], unpack_tokens(columnar[1])
 
     def task(self, task_id: str) -> TaskRequest:
         return self._task

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
 from polar_cli.export.parquet import ShardedWriter
 from polar_cli.export.split import stratified_test_keys
-from polar_cli.generate.ledger import ResultRow, TraceTokens, open_ledger
+from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
 
@@ -150,7 +150,7 @@ class ExportSource(Protocol):
 
     def rows(self) -> list[ResultRow]: ...
 
-    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]: ...
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]: ...
 
     def task(self, task_id: str) -> TaskRequest: ...
 
@@ -193,10 +193,8 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         for config in CONFIGS:
             writer(config, "train")  # always present, even when empty
         info: TaskInfo | None = None
-        for row, blob, tokens in ledger.export_results():
-            split = plan.get((row.task_id, row.sample_index))
-            if split is None:
-                continue
+        for row, blob, tokens in ledger.export_results(exported):
+            split = plan[(row.task_id, row.sample_index)]
             if info is None or info.task_id != row.task_id:
                 info = task_info(ledger.task(row.task_id))
             result = orjson.loads(blob)
