@@ -1,18 +1,14 @@
 """``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
 
 Two passes over the ledger: the first reads only the small summary columns (filters, the split, the card's stats),
-the second streams each exported SessionResult once into sharded parquet writers. That stream is cut into a few
-contiguous parts of about equal tokens, read a row of each part in turn, so that each part's writers encode (on
-threads of their own) side by side; at the end each split's shards are numbered part after part, in dataset order.
-Memory holds two record batches per (part, config, split), however many traces there are. The folder is written
-beside ``to`` and renamed into place at the end, so a crash never leaves half a dataset under ``to``.
+the second streams each SessionResult once, in dataset order, into sharded parquet writers. Memory holds one record
+batch per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
+place at the end, so a crash never leaves half a dataset under ``to``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,8 +28,6 @@ from polar_cli.models import StrictModel, TaskRequest
 
 CONFIGS = ("traces", "messages")
 REJECTED = "rejected"
-PART_TOKENS = 16_000_000
-"""The fewest tokens worth a part of their own (a few record batches): a small export is written as one part."""
 
 
 class ExportOptions(StrictModel):
@@ -176,69 +170,9 @@ def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str,
     return plan, [r for r in rows if (r.task_id, r.sample_index) in plan]
 
 
-def cut(rows: list[ResultRow], most: int) -> list[list[ResultRow]]:
-    """``rows`` in at most ``most`` contiguous parts of about equal tokens, each of ``PART_TOKENS`` or more."""
-    total = sum(r.tokens for r in rows)
-    n = max(1, min(most, total // PART_TOKENS))
-    cuts: list[list[ResultRow]] = [[] for _ in range(n)]
-    before = 0
-    for r in rows:
-        cuts[before * n // max(total, 1)].append(r)
-        before += r.tokens
-    return [c for c in cuts if c]
-
-
-@dataclass
-class _Part:
-    """A contiguous part of the exported rows and its writers, one per (config, split), under ``root``."""
-
-    rows: list[ResultRow]
-    root: Path
-    batch_rows: int
-    writers: dict[tuple[str, str], ShardedWriter] = field(default_factory=dict)
-    info: TaskInfo | None = None
-
-    def add(self, ledger: ExportSource, split: str, result: ExportedResult) -> None:
-        row, blob, tokens = result
-        if self.info is None or self.info.task_id != row.task_id:
-            self.info = task_info(ledger.task(row.task_id))
-        session = orjson.loads(blob)
-        traces = self.writer("traces", split)
-        for values, count in trace_rows(row, self.info, session, tokens):
-            traces.add(values, count)
-        self.writer("messages", split).add(message_row(row, self.info, session))
-
-    def writer(self, config: str, split: str) -> ShardedWriter:
-        if (config, split) not in self.writers:
-            self.writers[config, split] = ShardedWriter(self.root, config, split, batch_rows=self.batch_rows)
-        return self.writers[config, split]
-
-
-def _gather(staging: Path, parts: list[_Part]) -> dict[str, dict[str, int]]:
-    """Close every part's writers and number each split's shards part after part (dataset order) under ``staging``;
-    the rows of each config and split. ``train`` is always there, even when empty."""
-    rows: dict[str, dict[str, int]] = {config: {"train": 0} for config in CONFIGS}
-    shards: dict[tuple[str, str], list[Path]] = {(config, "train"): [] for config in CONFIGS}
-    for part in parts:
-        for (config, split), w in part.writers.items():
-            w.close()
-            rows[config][split] = rows[config].get(split, 0) + w.rows
-            shards.setdefault((config, split), []).extend(w.files)
-    for (config, split), files in shards.items():
-        (staging / config).mkdir(parents=True, exist_ok=True)
-        for i, file in enumerate(files):
-            file.rename(staging / config / f"{split}-{i:05d}.parquet")
-        if not files:
-            ShardedWriter(staging, config, split).close()
-    for part in parts:
-        shutil.rmtree(part.root, ignore_errors=True)  # empty folders by now
-    return rows
-
-
-def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *, batch_rows: int = 512,
-           workers: int | None = None) -> ExportReport:  # fmt: skip
-    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``.
-    ``workers``: at most this many parts encoded side by side (default: one per CPU, at most 4)."""
+def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
+           batch_rows: int = 512) -> ExportReport:  # fmt: skip
+    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``."""
     options = options or ExportOptions()
     occupied = to.exists() and (not to.is_dir() or any(to.iterdir()))
     if occupied and not options.overwrite:
@@ -248,13 +182,30 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
     with contextlib.ExitStack() as stack:
         ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
         plan, exported = _plan(ledger, options)
-        parts = [_Part(rows, staging / f".part-{i:03d}", batch_rows)
-                 for i, rows in enumerate(cut(exported, workers or min(4, os.cpu_count() or 1)))]  # fmt: skip
-        for results in itertools.zip_longest(*(ledger.export_results(part.rows) for part in parts)):
-            for part, result in zip(parts, results, strict=True):
-                if result is not None:
-                    part.add(ledger, plan[result[0].task_id, result[0].sample_index], result)
-        report = ExportReport(out=to, rows=_gather(staging, parts))
+        writers: dict[tuple[str, str], ShardedWriter] = {}
+
+        def writer(config: str, split: str) -> ShardedWriter:
+            key = (config, split)
+            if key not in writers:
+                writers[key] = ShardedWriter(staging, config, split, batch_rows=batch_rows)
+            return writers[key]
+
+        for config in CONFIGS:
+            writer(config, "train")  # always present, even when empty
+        info: TaskInfo | None = None
+        for row, blob, tokens in ledger.export_results(exported):
+            split = plan[(row.task_id, row.sample_index)]
+            if info is None or info.task_id != row.task_id:
+                info = task_info(ledger.task(row.task_id))
+            result = orjson.loads(blob)
+            traces = writer("traces", split)
+            for values, count in trace_rows(row, info, result, tokens):
+                traces.add(values, count)
+            writer("messages", split).add(message_row(row, info, result))
+        report = ExportReport(out=to)
+        for w in writers.values():
+            w.close()
+            report.rows.setdefault(w.config, {})[w.split] = w.rows
         card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(exported),
                             group_by="group", source=str(source),
                             filters=options.describe())  # fmt: skip

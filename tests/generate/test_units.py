@@ -123,28 +123,3 @@ def test_export_from_binary_token_columns_writes_the_rows_the_json_path_writes(t
     old = export(tmp_path / "gen", tmp_path / "old", ExportOptions())
     assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}}
     assert _rows(tmp_path / "new") == _rows(tmp_path / "old")
-
-
-def test_export_in_parts_writes_the_rows_one_part_writes_in_dataset_order(tmp_path: Path, monkeypatch) -> None:
-    """Parts are encoded side by side; their shards are numbered part after part, so the dataset's row order is the
-    ledger's, as written in one part."""
-    from polar_cli.export import exporter
-
-    with Ledger(tmp_path / "gen") as ledger:
-        for i in range(12):
-            task = TaskRequest(task_id=f"t{i}", instruction="x", agent={"harness": "pi"},
-                               metadata={"repo": f"r{i % 3}"})  # fmt: skip
-            ledger.remember_task(i, f"r{i % 3}", task)
-            row = ResultRow(task.task_id, 0, f"t{i}-s", f"r{i % 3}", 1, "completed", i / 12, True, 2, 4, 1, 1)
-            assert ledger.finish(row, _result(task.task_id, i / 12))
-    options = ExportOptions(test_size=0.25, stratify_by="repo")
-    one = export(tmp_path / "gen", tmp_path / "one", options, workers=1, batch_rows=2)
-    monkeypatch.setattr(exporter, "PART_TOKENS", 4)
-    three = export(tmp_path / "gen", tmp_path / "three", options, workers=3, batch_rows=2)
-    assert one.rows == three.rows == {"traces": {"train": 9, "test": 3}, "messages": {"train": 9, "test": 3}}
-    assert _rows(tmp_path / "three") == _rows(tmp_path / "one")
-    for split in ("train", "test"):
-        names = sorted(p.name for p in (tmp_path / "three" / "traces").glob(f"{split}-*"))
-        assert names == [f"{split}-{i:05d}.parquet" for i in range(len(names))]
-    assert len(list((tmp_path / "three" / "traces").glob("train-*"))) == 3  # one shard per part
-    assert [p.name for p in (tmp_path / "three").iterdir() if p.name.startswith(".")] == []
