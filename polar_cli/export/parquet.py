@@ -42,17 +42,20 @@ LOW_CARDINALITY = frozenset({"task_id", "instance_id", "group", "harness", "mode
 """Names of the string leaves (top-level columns or message fields) that get a dictionary."""
 
 
-def list_array(rows: list[np.ndarray[Any, Any] | None], type: pa.ListType) -> pa.Array:
-    """Rows of numbers (numpy arrays of ``type``'s values, or None) as one list array, their values copied once into
-    one contiguous buffer (numpy copies without the GIL)."""
-    lengths = np.fromiter((0 if v is None else len(v) for v in rows), dtype=np.int32, count=len(rows))
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [v for v in rows if v is not None]
-    flat = np.concatenate(present) if present else np.zeros(0, dtype=type.value_type.to_pandas_dtype())
-    mask = np.fromiter((v is None for v in rows), dtype=bool, count=len(rows))
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=type.value_type), type=type,
-                                    mask=pa.array(mask) if mask.any() else None)  # fmt: skip
+def token_columns(schema: pa.Schema) -> dict[str, pa.ListType]:
+    """The list-of-number columns and their types."""
+    return {f.name: f.type for f in schema if pa.types.is_list(f.type) and pa.types.is_primitive(f.type.value_type)}
+
+
+def one_row_list(value: Any, type: pa.ListType) -> pa.Array:
+    """``value`` (numbers, or None) as a list array of one row. A numpy array of the list's value type is not copied:
+    the ledger's token arrays, views of its blob, stay views until the writer has written them."""
+    if value is None:
+        return pa.nulls(1, type)
+    values = np.ascontiguousarray(value, dtype=type.value_type.to_pandas_dtype())
+    offsets = pa.py_buffer(np.array([0, len(values)], dtype=np.int32))
+    flat = pa.Array.from_buffers(type.value_type, len(values), [None, pa.py_buffer(values)])
+    return pa.Array.from_buffers(type, 1, [None, offsets], children=[flat])
 
 
 def _leaves(path: str, type: pa.DataType, in_list: bool = False) -> Iterator[tuple[str, bool]]:
@@ -90,9 +93,8 @@ class _Shard:
 class ShardedWriter:
     """Rows of one config and split, buffered ``batch_rows`` (or ``batch_tokens``) at a time and written as row
     groups to ``<root>/<config>/<split>-NNNNN.parquet``, a new shard every ``shard_tokens`` tokens. A thread of its
-    own copies each batch's token arrays into contiguous columns, encodes and writes them (numpy and pyarrow let go
-    of the GIL) while the next batch is buffered; ``flush`` waits for the batch before, so memory holds two batches
-    (and the copy), whatever the number of rows."""
+    own encodes and writes each batch (pyarrow lets go of the GIL) while the next one is buffered; ``flush`` waits for
+    the batch before, so memory holds two batches, whatever the number of rows."""
 
     root: Path
     config: str
@@ -111,17 +113,14 @@ class ShardedWriter:
     def __post_init__(self) -> None:
         self.schema = SCHEMAS[self.config]
         self._columns = {name: [] for name in self.schema.names}
-        # a row's token lists are kept as numpy arrays (the ledger's are views of its blob, not copies): a buffered
-        # token costs its bytes, not a Python int
-        self._lists = {f.name: f.type.value_type.to_pandas_dtype() for f in self.schema
-                       if pa.types.is_list(f.type) and pa.types.is_primitive(f.type.value_type)}  # fmt: skip
+        # a row's token lists become arrow arrays at once: a buffered token costs its bytes, not a Python int
+        self._lists = token_columns(self.schema)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"export-{self.config}-{self.split}")
 
     def add(self, row: dict[str, Any], tokens: int = 0) -> None:
         for name, values in self._columns.items():
             value = row.get(name)
-            dtype = self._lists.get(name)
-            values.append(value if dtype is None or value is None else np.asarray(value, dtype=dtype))
+            values.append(value if name not in self._lists else one_row_list(value, self._lists[name]))
         self._buffered += 1
         self._buffered_tokens += tokens
         self.rows += 1
@@ -131,22 +130,21 @@ class ShardedWriter:
     def flush(self) -> None:
         if not self._buffered:
             return
-        # the scalar columns (Python objects) become arrow arrays here; the token columns, in the writer's thread
-        columns = {name: values if name in self._lists else pa.array(values, type=self.schema.field(name).type)
-                   for name, values in self._columns.items()}  # fmt: skip
+        columns = [pa.chunked_array(self._columns[f.name], type=f.type) if f.name in self._lists
+                   else pa.array(self._columns[f.name], type=f.type) for f in self.schema]  # fmt: skip
+        batch = pa.Table.from_arrays(columns, schema=self.schema)
         tokens = self._buffered_tokens
-        self._columns = {name: [] for name in self.schema.names}
+        for values in self._columns.values():
+            values.clear()
         self._buffered = self._buffered_tokens = 0
         self._wait()
-        self._writing = self._thread.submit(self._write, columns, tokens)
+        self._writing = self._thread.submit(self._write, batch, tokens)
 
-    def _write(self, columns: dict[str, Any], tokens: int) -> None:
-        """In the writer's thread: ``columns`` as one row group of the current shard, closed once it holds
+    def _write(self, batch: pa.Table, tokens: int) -> None:
+        """In the writer's thread: ``batch`` (one row group) to the current shard, closed once it holds
         ``shard_tokens``."""
-        arrays = [columns[f.name] if f.name not in self._lists else list_array(columns[f.name], f.type)
-                  for f in self.schema]  # fmt: skip
         shard = self._open()
-        shard.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        shard.writer.write_table(batch)
         shard.tokens += tokens
         if shard.tokens >= self.shard_tokens:
             shard.writer.close()
