@@ -1,8 +1,8 @@
 """``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
 
 Two passes over the ledger: the first reads only the small summary columns (filters, the split, the card's stats),
-the second streams each SessionResult once, in dataset order, into sharded parquet writers. Memory holds one record
-batch per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
+the second streams each exported SessionResult once, in dataset order, into sharded parquet writers. Memory holds two
+record batches per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
 place at the end, so a crash never leaves half a dataset under ``to``.
 """
 

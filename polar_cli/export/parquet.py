@@ -2,7 +2,7 @@
 
 Encoding (measured in docs/generate.md, "polar export"): every column is zstd-compressed; the token columns
 (``prompt_ids``, ``response_ids``, ``loss_mask``, ``response_logprobs``: nearly every byte of a trace) are PLAIN,
-without statistics. Parquet's default, a dictionary for every column, hashes each token: it made the writer 3-4x
+without statistics. Parquet's default, a dictionary for every column, hashes each token: it made the writer 2.6x
 slower, for ids 18% smaller than zstd makes them and for logprobs, whose distinct values overflow a dictionary page,
 nothing. Only the low-cardinality strings keep a dictionary, and only scalar columns have statistics.
 """
@@ -113,7 +113,8 @@ class ShardedWriter:
     def __post_init__(self) -> None:
         self.schema = SCHEMAS[self.config]
         self._columns = {name: [] for name in self.schema.names}
-        # a row's token lists become arrow arrays at once: a buffered token costs its bytes, not a Python int
+        # a row's token lists become one-row arrow arrays at once (the ledger's stay views of its blob): a buffered
+        # token costs its bytes, not a Python int, and is never copied before the writer encodes it
         self._lists = token_columns(self.schema)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"export-{self.config}-{self.split}")
 
