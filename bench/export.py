@@ -1,6 +1,8 @@
-"""Throughput and peak memory of ``polar export`` on synthetic traces of realistic size, streamed.
+"""Throughput and peak memory of ``polar export`` on synthetic traces of realistic size, streamed, beside the I/O
+ceiling.
 
-    python bench/export.py [--sizes 10000 100000] [--prompt 8192] [--turns 200] [--json]
+    python bench/export.py [--sizes 10000 100000] [--prompt 8192] [--turns 200] [--small-prompt 1024]
+                           [--small-turns 20] [--json] [--tmp DIR]
 
 Each session has one prefix-merged trace of a 200-turn session whose final prompt is 32K tokens (the shape
 bench/prefix_merging.py builds): ``--prompt`` tokens of first prompt, then per turn 40 sampled tokens (loss mask 1,
@@ -12,7 +14,14 @@ arrays, unpacked per session as ``Ledger.export_results`` does); ``--json`` stre
 export takes for ledgers written before ``result_tokens`` existed. Each size runs in its own process (peak RSS is per
 process); the parquet output goes to a temporary folder that is removed afterwards.
 
-Reported: traces/s, tokens/s, peak RSS, and the output size.
+Each export is followed by a ``raw write`` row, the ceiling: the same traces' token arrays (int32 ids, int8 mask,
+float64 logprobs, exactly the bytes export encodes) written to a file in the same folder with one ``file.write`` per
+array, no parquet, no compression; like export, it does not fsync. Both shapes run at every size: the realistic one
+(``--prompt``, ``--turns``) and a small one (``--small-prompt``, ``--small-turns``; 0 skips it), where fewer tokens
+per trace make the traces/s target reachable. A size whose raw bytes would not fit the free space of ``--tmp`` is
+skipped, and says so.
+
+Reported per row: traces/s, tokens/s, MiB written and MiB/s, peak RSS; the header has the CPUs and the load average.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -35,10 +44,11 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_cli.export import ExportOptions, export
-from polar_cli.generate.ledger import ResultRow, TraceTokens, split_result, unpack_tokens
-from polar_cli.models import SessionResult, TaskRequest
+from polar_cli.generate.ledger import ExportedResult, ResultRow, split_result, unpack_tokens
+from polar_cli.models import AgentSpec, SessionResult, TaskRequest
 
 DISTINCT = 16
+SAMPLED = 40
 
 
 def session_blob(seed: int, prompt: int, turns: int, sampled: int, interstitial: int) -> bytes:
@@ -73,7 +83,8 @@ class SyntheticSource:
     def __init__(self, n: int, blobs: list[bytes], tokens: int, turns: int, *, as_json: bool = False) -> None:
         self.n, self.blobs, self.tokens, self.turns, self.as_json = n, blobs, tokens, turns, as_json
         self.columnar = [] if as_json else [split_result(SessionResult.model_validate_json(b)) for b in blobs]
-        self._task = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, metadata={"repo": "bench"})
+        self._task = TaskRequest(task_id="t", instruction="x", agent=AgentSpec(harness="pi"),
+                                 metadata={"repo": "bench"})
 
     def _row(self, i: int) -> ResultRow:
         return ResultRow(f"task-{i}", 0, f"session-{i}", f"repo-{i % 100}", 1, "completed", 1.0, True,
@@ -82,14 +93,15 @@ class SyntheticSource:
     def rows(self) -> list[ResultRow]:
         return [self._row(i) for i in range(self.n)]  # summaries only, ~200 bytes each
 
-    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]:
-        for i in range(self.n):
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]:
+        for row in rows:
+            i = int(row.task_id.removeprefix("task-"))
             if self.as_json:
-                yield self._row(i), self.blobs[i % DISTINCT], None
+                yield row, self.blobs[i % DISTINCT], None
             else:
                 columnar = self.columnar[i % DISTINCT]
                 assert columnar is not None
-                yield self._row(i), columnar[0], unpack_tokens(columnar[1])
+                yield row, columnar[0], unpack_tokens(columnar[1])
 
     def task(self, task_id: str) -> TaskRequest:
         return self._task
@@ -98,9 +110,20 @@ class SyntheticSource:
         return {f"task-{i}": f"repo-{i % 100}" for i in range(self.n)}
 
 
-def one(n: int, args: argparse.Namespace) -> dict[str, float]:
-    blobs = [session_blob(s, args.prompt, args.turns, 40, args.interstitial) for s in range(DISTINCT)]
-    tokens = args.prompt + args.turns * (40 + args.interstitial)
+def shape_blobs(args: argparse.Namespace) -> tuple[list[bytes], int]:
+    blobs = [session_blob(s, args.prompt, args.turns, SAMPLED, args.interstitial) for s in range(DISTINCT)]
+    return blobs, args.prompt + args.turns * (SAMPLED + args.interstitial)
+
+
+def measured(n: int, tokens: int, seconds: float, written: int) -> dict[str, float]:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    return {"traces": n, "tokens_per_trace": tokens, "seconds": seconds, "traces_per_s": n / seconds,
+            "tokens_per_s": n * tokens / seconds, "written_mib": written / 2**20,
+            "mib_per_s": written / 2**20 / seconds, "peak_rss_mib": peak}  # fmt: skip
+
+
+def one_export(n: int, args: argparse.Namespace) -> dict[str, float]:
+    blobs, tokens = shape_blobs(args)
     source = SyntheticSource(n, blobs, tokens, args.turns, as_json=args.json)
     out = Path(tempfile.mkdtemp(prefix="polar-bench-export-", dir=args.tmp)) / "dataset"
     try:
@@ -110,9 +133,46 @@ def one(n: int, args: argparse.Namespace) -> dict[str, float]:
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return {"traces": n, "tokens_per_trace": tokens, "seconds": seconds, "traces_per_s": n / seconds,
-            "tokens_per_s": n * tokens / seconds, "peak_rss_mib": peak, "output_mib": size / 2**20}  # fmt: skip
+    return measured(n, tokens, seconds, size)
+
+
+def one_raw_write(n: int, args: argparse.Namespace) -> dict[str, float]:
+    """The ceiling: ``n`` traces' token arrays (the 16 distinct ones, cycled) written as they are."""
+    blobs, tokens = shape_blobs(args)
+    arrays = []
+    for blob in blobs:
+        columnar = split_result(SessionResult.model_validate_json(blob))
+        assert columnar is not None
+        t = unpack_tokens(columnar[1])[0]
+        arrays.append([a for a in (t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs) if a is not None])
+    folder = Path(tempfile.mkdtemp(prefix="polar-bench-raw-", dir=args.tmp))
+    try:
+        start = time.perf_counter()
+        with (folder / "tokens.bin").open("wb", buffering=0) as f:
+            for i in range(n):
+                for array in arrays[i % DISTINCT]:
+                    f.write(array.data)
+        seconds = time.perf_counter() - start
+        size = (folder / "tokens.bin").stat().st_size
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return measured(n, tokens, seconds, size)
+
+
+def raw_bytes(prompt: int, turns: int, interstitial: int) -> int:
+    """One trace's token bytes: int32 ids, then per response token an int8 mask and a float64 logprob."""
+    return 4 * prompt + (4 + 1 + 8) * turns * (SAMPLED + interstitial)
+
+
+def run(what: str, n: int, prompt: int, turns: int, args: argparse.Namespace) -> dict[str, float]:
+    argv = [sys.executable, __file__, f"--{what}", str(n), "--prompt", str(prompt), "--turns", str(turns),
+            "--interstitial", str(args.interstitial), *(["--tmp", args.tmp] if args.tmp else []),
+            *(["--json"] if args.json else [])]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, env=os.environ)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+TARGET = 20_000
 
 
 def main() -> None:
@@ -120,29 +180,49 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--prompt", type=int, default=8192, help="first-prompt tokens of each merged trace")
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--small-prompt", type=int, default=1024, help="the small shape's first prompt (0: skip it)")
+    parser.add_argument("--small-turns", type=int, default=20)
     parser.add_argument("--interstitial", type=int, default=80, help="mask-0 tokens after each turn")
     parser.add_argument("--json", action="store_true", help="the full-JSON path (ledgers without result_tokens)")
     parser.add_argument("--tmp", default=None, help="where the temporary output goes")
-    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--export", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-write", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one is not None:
-        print(json.dumps(one(args.one, args)))
+    if args.export is not None or args.raw_write is not None:
+        result = one_export(args.export, args) if args.export is not None else one_raw_write(args.raw_write, args)
+        print(json.dumps(result))
         return
-    rows = []
-    for n in args.sizes:
-        argv = [sys.executable, __file__, "--one", str(n), "--prompt", str(args.prompt), "--turns", str(args.turns),
-                "--interstitial", str(args.interstitial), *(["--tmp", args.tmp] if args.tmp else []),
-                *(["--json"] if args.json else [])]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True, check=True, env=os.environ)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"polar export, synthetic traces: {args.prompt}-token first prompt, {args.turns} turns x (40 sampled + "
+    shapes = [("realistic", args.prompt, args.turns)]
+    if args.small_prompt:
+        shapes.append(("small", args.small_prompt, args.small_turns))
+    free = shutil.disk_usage(args.tmp or tempfile.gettempdir()).free
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"polar export, synthetic traces of one merged trace each: first prompt + turns x ({SAMPLED} sampled + "
           f"{args.interstitial} interstitial) tokens; {'full JSON' if args.json else 'binary token columns'}; "
-          f"{os.cpu_count()} CPUs")  # fmt: skip
-    print(f"{'traces':>8} {'tokens/trace':>12} {'seconds':>8} {'traces/s':>9} {'Mtokens/s':>9} {'peak RSS MiB':>12} "
-          f"{'output MiB':>10}")  # fmt: skip
-    for r in rows:
-        print(f"{r['traces']:>8} {r['tokens_per_trace']:>12} {r['seconds']:>8.1f} {r['traces_per_s']:>9.0f} "
-              f"{r['tokens_per_s'] / 1e6:>9.1f} {r['peak_rss_mib']:>12.0f} {r['output_mib']:>10.0f}")  # fmt: skip
+          f"{os.cpu_count()} CPUs, load average {load} at the start; target {TARGET:,} traces/s")  # fmt: skip
+    header = (f"{'shape':<10} {'prompt+turns':>12} {'tokens/trace':>12} {'what':<9} {'traces':>7} {'seconds':>8} "
+              f"{'traces/s':>9} {'Mtokens/s':>9} {'written MiB':>11} {'MiB/s':>6} {'peak RSS MiB':>12}")  # fmt: skip
+    print(header)
+    best: dict[str, float] = {}
+    for shape, prompt, turns in shapes:
+        for n in args.sizes:
+            for what in ("export", "raw-write"):
+                need = n * raw_bytes(prompt, turns, args.interstitial)
+                label = f"{shape:<10} {f'{prompt}+{turns}':>12} {'':>12} {what:<9} {n:>7}"
+                if need > 0.9 * free:
+                    print(f"{label} skipped: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free (use --tmp)")
+                    continue
+                r = run(what, n, prompt, turns, args)
+                best[f"{shape} {what}"] = max(best.get(f"{shape} {what}", 0.0), r["traces_per_s"])
+                print(f"{shape:<10} {f'{prompt}+{turns}':>12} {r['tokens_per_trace']:>12} {what:<9} {n:>7} "
+                      f"{r['seconds']:>8.1f} {r['traces_per_s']:>9.0f} {r['tokens_per_s'] / 1e6:>9.1f} "
+                      f"{r['written_mib']:>11.0f} {r['mib_per_s']:>6.0f} {r['peak_rss_mib']:>12.0f}",
+                      flush=True)  # fmt: skip
+    for shape, _, _ in shapes:
+        if f"{shape} export" in best:
+            e, c = best[f"{shape} export"], best.get(f"{shape} raw-write")
+            print(f"{shape}: export at best {e:,.0f} traces/s = {e / TARGET:.0%} of the target" +
+                  ("" if c is None else f"; raw write of the same bytes {c:,.0f} traces/s"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
 
 Two passes over the ledger: the first reads only the small summary columns (filters, the split, the card's stats),
-the second streams each SessionResult once, in dataset order, into sharded parquet writers. Memory holds one record
-batch per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
+the second streams each exported SessionResult once, in dataset order, into sharded parquet writers. Memory holds two
+record batches per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
 place at the end, so a crash never leaves half a dataset under ``to``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
 from polar_cli.export.parquet import ShardedWriter
 from polar_cli.export.split import stratified_test_keys
-from polar_cli.generate.ledger import ResultRow, TraceTokens, open_ledger
+from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
 
@@ -150,7 +150,7 @@ class ExportSource(Protocol):
 
     def rows(self) -> list[ResultRow]: ...
 
-    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]: ...
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]: ...
 
     def task(self, task_id: str) -> TaskRequest: ...
 
@@ -193,10 +193,8 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         for config in CONFIGS:
             writer(config, "train")  # always present, even when empty
         info: TaskInfo | None = None
-        for row, blob, tokens in ledger.export_results():
-            split = plan.get((row.task_id, row.sample_index))
-            if split is None:
-                continue
+        for row, blob, tokens in ledger.export_results(exported):
+            split = plan[(row.task_id, row.sample_index)]
             if info is None or info.task_id != row.task_id:
                 info = task_info(ledger.task(row.task_id))
             result = orjson.loads(blob)

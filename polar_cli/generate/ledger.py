@@ -17,7 +17,7 @@ Each change is one transaction, so a crash at any point loses nothing that was c
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,21 +214,20 @@ class Ledger:
             for values in batch:
                 yield _row(values[:-1]), bytes(values[-1])
 
-    def export_results(self) -> Iterator[tuple[ResultRow, bytes, list[TraceTokens] | None]]:
-        """Every final result, streamed in dataset order (one row in memory at a time): ``(row, json, None)`` with
-        the full SessionResult JSON, or, where ``result_tokens`` has it, ``(row, slim json, each trace's tokens)``."""
-        query = f"SELECT {', '.join('r.' + c for c in SUMMARY.split(', '))}, "
-        query += "CASE WHEN c.slim IS NULL THEN r.result END, c.slim, c.tokens FROM results r "
-        query += "JOIN tasks t USING (task_id) LEFT JOIN result_tokens c USING (task_id, sample_index) "
-        query += "ORDER BY t.position, r.sample_index"
-        cursor = self.db.execute(query)
-        while batch := cursor.fetchmany(16):
-            for values in batch:
-                full, slim, tokens = values[-3:]
-                if slim is None:
-                    yield _row(values[:-3]), bytes(full), None
-                else:
-                    yield _row(values[:-3]), bytes(slim), unpack_tokens(tokens)
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]:
+        """``rows``' results, streamed in their order (one in memory at a time): ``(row, json, None)`` with the full
+        SessionResult JSON, or, where ``result_tokens`` has it, ``(row, slim json, each trace's tokens)``. One lookup
+        by primary key each: sorting the blobs with the keys (one query, ORDER BY) would copy them all to a
+        temporary B-tree before the first came back."""
+        columnar = "SELECT slim, tokens FROM result_tokens WHERE task_id = ? AND sample_index = ?"
+        full = "SELECT result FROM results WHERE task_id = ? AND sample_index = ?"
+        for row in rows:
+            key = (row.task_id, row.sample_index)
+            found = self.db.execute(columnar, key).fetchone()
+            if found is not None:
+                yield row, bytes(found[0]), unpack_tokens(found[1])
+            else:
+                yield row, bytes(self.db.execute(full, key).fetchone()[0]), None
 
 
 @dataclass(frozen=True)
@@ -239,6 +238,10 @@ class TraceTokens:
     response_ids: np.ndarray[Any, Any]
     loss_mask: np.ndarray[Any, Any]
     response_logprobs: np.ndarray[Any, Any] | None
+
+
+ExportedResult = tuple[ResultRow, bytes, list[TraceTokens] | None]
+"""A result as export reads it: its row, then its full JSON and None, or its slim JSON and its traces' tokens."""
 
 
 def split_result(result: SessionResult) -> tuple[bytes, bytes] | None:

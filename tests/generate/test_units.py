@@ -123,3 +123,21 @@ def test_export_from_binary_token_columns_writes_the_rows_the_json_path_writes(t
     old = export(tmp_path / "gen", tmp_path / "old", ExportOptions())
     assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}}
     assert _rows(tmp_path / "new") == _rows(tmp_path / "old")
+
+
+def test_export_writes_token_columns_plain_and_zstd_without_statistics(tmp_path: Path) -> None:
+    """Token columns: no dictionary (it hashed every token), no statistics; low-cardinality strings keep one."""
+    import pyarrow.parquet as pq
+
+    with Ledger(tmp_path / "gen") as ledger:
+        task = TaskRequest(task_id="t0", instruction="x", agent={"harness": "pi"}, metadata={"repo": "r"})
+        ledger.remember_task(0, "r", task)
+        assert ledger.finish(ResultRow("t0", 0, "t0-s", "r", 1, "completed", 1.0, True, 2, 4, 1, 1), _result("t0", 1.0))
+    export(tmp_path / "gen", tmp_path / "ds")
+    group = pq.ParquetFile(tmp_path / "ds" / "traces" / "train-00000.parquet").metadata.row_group(0)
+    columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    for name in ("prompt_ids", "response_ids", "loss_mask", "response_logprobs"):
+        column = columns[f"{name}.list.element"]
+        assert not column.has_dictionary_page and not column.is_stats_set and column.compression == "ZSTD"
+    assert columns["task_id"].has_dictionary_page and columns["reward"].is_stats_set
+    assert not columns["metadata"].has_dictionary_page
