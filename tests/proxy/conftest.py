@@ -178,3 +178,21 @@ def synthetic_proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     """Like ``proxy``, with ``stream_mode="synthetic"``: a stream is the whole answer replayed as the codec's exact
     event sequence (the default, pass-through, streams the scripted turn in vLLM-shaped pieces)."""
     return start_proxy(stream_mode="synthetic")
+
+
+C = TypeVar("C")
+_OPEN_CLIENTS: list[Any] = []
+
+
+def closing(client: C) -> C:
+    """``client`` (an SDK client), closed when the test ends: a pooled keep-alive socket left to the garbage collector
+    is a ResourceWarning, which pytest reports in whichever later test the collection happens to run."""
+    _OPEN_CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    while _OPEN_CLIENTS:
+        _OPEN_CLIENTS.pop().close()

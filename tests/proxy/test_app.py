@@ -14,7 +14,7 @@ import pytest
 
 from polar_cli.proxy.journal import read_journal
 
-from .conftest import ProxySession, RunningProxy
+from .conftest import ProxySession, RunningProxy, closing
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -54,7 +54,7 @@ def test_session_lifecycle(proxy: RunningProxy) -> None:
 
 def test_auth_isolation_between_sessions(proxy: RunningProxy) -> None:
     a, b = proxy.new_session(script=[{"content": "A"}]), proxy.new_session(script=[{"content": "B"}])
-    api = openai.OpenAI(base_url=b.openai_base, api_key=a.api_key, max_retries=0)
+    api = closing(openai.OpenAI(base_url=b.openai_base, api_key=a.api_key, max_retries=0))
     with api, pytest.raises(openai.AuthenticationError) as info:
         api.chat.completions.create(**CHAT)  # type: ignore[call-overload]
     assert info.value.status_code == 401 and info.value.body["code"] == "invalid_api_key"  # type: ignore[index]
@@ -184,7 +184,7 @@ def test_backend_down_gives_provider_error_after_retries(
         retry={"attempts": 3, "base_delay_s": 0.001, "max_delay_s": 0.002},
     )
     session = running.new_session()
-    api = openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+    api = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
     with api, pytest.raises(openai.APIStatusError) as info:
         api.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream)
     assert info.value.status_code == 502

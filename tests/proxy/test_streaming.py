@@ -25,7 +25,7 @@ from polar_cli.proxy.codecs import get_codec
 from polar_cli.proxy.streaming import StreamAssembler
 from polar_cli.proxy.types import ChatRequest, Generation
 
-from .conftest import LoopThread, ProxySession, RunningProxy
+from .conftest import LoopThread, ProxySession, RunningProxy, closing
 from .upstream import Upstream
 
 FAST_RETRY = {"attempts": 3, "base_delay_s": 0.001, "max_delay_s": 0.002}
@@ -52,7 +52,7 @@ def _proxy(start: Callable[..., RunningProxy], upstream: Upstream, **extra: Any)
 
 
 def _client(session: ProxySession) -> openai.OpenAI:
-    return openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+    return closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
 
 
 def _wait_for_completions(session: ProxySession, n: int) -> list[dict[str, Any]]:
@@ -219,7 +219,7 @@ def test_anthropic_passthrough_streams_text_deltas_and_records_what_a_plain_call
     start_proxy: Callable[..., RunningProxy], upstream: Upstream
 ) -> None:
     session = _proxy(start_proxy, upstream).new_session()
-    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    client = closing(anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0))
     messages: Any = [{"role": "user", "content": "hello"}]
     with client.messages.stream(model="m", max_tokens=16, messages=messages) as stream:
         pieces = list(stream.text_stream)
@@ -239,7 +239,7 @@ def test_anthropic_upstream_failure_mid_stream_is_an_error_event(
 ) -> None:
     session = _proxy(start_proxy, upstream).new_session()
     upstream.actions.append("break")
-    client = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    client = closing(anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0))
     messages: Any = [{"role": "user", "content": "x"}]
     with pytest.raises(anthropic.APIError), client.messages.stream(model="m", max_tokens=16, messages=messages) as s:
         list(s.text_stream)
@@ -331,7 +331,7 @@ def _scripted_pair(session: ProxySession, provider: str, streamed: bool) -> None
         else:
             client.responses.create(model="m", input="hello")
     elif provider == "anthropic":
-        ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+        ant = closing(anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0))
         if streamed:
             with ant.messages.stream(model="m", max_tokens=64, messages=messages) as stream:
                 stream.get_final_message()
@@ -423,7 +423,7 @@ def test_anthropic_passthrough_streams_tool_input_as_partial_json(proxy: Running
         {"id": "toolu_b", "function": {"name": "echo", "arguments": "not json"}},
     ]
     session = proxy.new_session(script=[{"tool_calls": calls}])
-    ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+    ant = closing(anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0))
     partials: dict[int, list[str]] = {}
     with ant.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "go"}]) as stream:
         for event in stream:

@@ -24,7 +24,7 @@ from polar_cli.models import Completion, Provider
 from polar_cli.proxy.codecs import get_codec
 from polar_cli.proxy.codecs.common import load_arguments
 
-from .conftest import ProxySession, RunningProxy
+from .conftest import ProxySession, RunningProxy, closing
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -294,7 +294,7 @@ def _sdk_stream(provider: Provider, session: ProxySession, tool: bool) -> tuple[
     tokens = 48 if tool else MAX_TOKENS
     messages: Any = [{"role": "user", "content": PROMPT}]
     if provider == "openai_chat":
-        chat = openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+        chat = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
         extra: Any = {"tools": [{"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}],
                       "tool_choice": {"type": "function", "function": {"name": "bash"}}} if tool else {}  # fmt: skip
         text, name, arguments = "", None, ""
@@ -309,7 +309,7 @@ def _sdk_stream(provider: Provider, session: ProxySession, tool: bool) -> tuple[
         assert (name == "bash") is tool
         return text, arguments if tool else None
     if provider == "openai_responses":
-        client = openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+        client = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
         extra = {"tools": [{"type": "function", "name": "bash", "parameters": SCHEMA, "strict": False}],
                  "tool_choice": {"type": "function", "name": "bash"}} if tool else {}  # fmt: skip
         text, final = "", None
@@ -324,7 +324,7 @@ def _sdk_stream(provider: Provider, session: ProxySession, tool: bool) -> tuple[
         assert bool(calls) is tool and all(c.name == "bash" for c in calls)
         return text, calls[0].arguments if tool else None
     if provider == "anthropic":
-        ant = anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0)
+        ant = closing(anthropic.Anthropic(base_url=session.anthropic_base, api_key=session.api_key, max_retries=0))
         extra = {"tools": [{"name": "bash", "input_schema": SCHEMA}],
                  "tool_choice": {"type": "tool", "name": "bash"}} if tool else {}  # fmt: skip
         greedy = {"extra_body": {"temperature": 0}}  # this SDK's stream() has no temperature argument
@@ -410,7 +410,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_vllm_and_leaves_an_untrainable_
     import openai
 
     session = vllm_proxy.new_session()
-    client = openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0)
+    client = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
     generated_before = _vllm_metric(vllm_url, "vllm:generation_tokens_total")
     stream = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=4000, temperature=0, stream=True,
