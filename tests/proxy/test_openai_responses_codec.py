@@ -41,6 +41,7 @@ def generation(message: dict[str, Any], finish: str = "stop", gen_id: str = GEN_
         finish_reason=finish,
         prompt_ids=[1, 2, 3, 4],
         response_ids=[5, 6, 7],
+        created=1_700_000_000,
     )
 
 

@@ -34,6 +34,7 @@ def generation(message: dict[str, Any], finish: str = "stop") -> Generation:
         finish_reason=finish,
         prompt_ids=[1, 2],
         response_ids=[3, 4, 5],
+        created=1_700_000_000,  # fixed, as a backend's answer has it: else stream and JSON read the clock apart
     )
 
 
