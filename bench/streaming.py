@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from proxy_overhead import free_port  # bench/ is on sys.path when a script here runs
 
 from polar_cli.http import app_runner
 from polar_cli.proxy.app import create_proxy_app
@@ -120,13 +121,6 @@ async def timed(
     return first, token or 0.0, time.perf_counter() - started
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _serve_forever(app_factory: Callable[[], web.Application], port: int) -> None:
     """A child process: serve the app on 127.0.0.1:port until terminated."""
 
@@ -144,7 +138,7 @@ def _proxy_app(config: ProxyConfig) -> web.Application:
 
 
 def _start(factory: Callable[[], web.Application]) -> tuple[str, multiprocessing.process.BaseProcess]:
-    port = _free_port()
+    port = free_port()
     process = multiprocessing.get_context("spawn").Process(target=_serve_forever, args=(factory, port), daemon=True)
     process.start()
     url = f"http://127.0.0.1:{port}"

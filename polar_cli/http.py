@@ -81,13 +81,19 @@ CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
 _GONE: web.RequestKey[asyncio.Event] = web.RequestKey("polar_client_gone", asyncio.Event)
 
 
+def client_left(request: web.BaseRequest) -> bool:
+    """Whether ``request``'s client has hung up by now (its transport is gone or closing)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 def client_gone(request: web.BaseRequest) -> asyncio.Event:
     """Set once ``request``'s client has hung up: at once when it already has, else when its connection is lost
     (on a server started with :func:`app_runner`; elsewhere only a request whose client left before this call)."""
     gone = request.get(_GONE)
     if gone is None:
         gone = request[_GONE] = asyncio.Event()
-        if request.transport is None or request.transport.is_closing():
+        if client_left(request):
             gone.set()
     return gone
 

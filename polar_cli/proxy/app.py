@@ -26,6 +26,7 @@ from polar_cli.http import (
     ERROR_SHAPE,
     MAX_MESSAGE_CHARS,
     ErrorShape,
+    client_left,
     error_response,
     header_bytes,
     json_errors,
@@ -215,9 +216,7 @@ class ProxyHandler:
             answer = web.Response(body=b"".join(codec.stream(generation, chat)), status=200, headers=SSE_HEADERS)
         else:
             answer = _json(codec.encode(generation, chat))
-        transport = request.transport if request is not None else None
-        gone = request is not None and (transport is None or transport.is_closing())
-        delivery: Delivery = "client_gone" if gone else "answered"
+        delivery: Delivery = "client_gone" if request is not None and client_left(request) else "answered"
         await self._record(session, codec, found, body, raw, started, chat, generation, delivery, "synthetic")
         return answer
 

@@ -29,7 +29,7 @@ import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
-from polar_cli.http import client_gone
+from polar_cli.http import client_gone, client_left
 from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
@@ -189,11 +189,6 @@ Record = Callable[[Generation, Delivery], Awaitable[None]]
 """Journals one finished (or aborted) generation with how it was delivered."""
 
 
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
 async def unless_client_leaves(request: web.Request, work: Awaitable[T]) -> T:
     """``work``'s result, or ConnectionResetError as soon as the client hangs up first (``work`` is then cancelled:
     an upstream request still in its prefill is dropped, and vLLM stops it)."""
@@ -247,7 +242,7 @@ async def pump(
             raise ConnectionResetError("client gone")  # the upstream was stopped: what was sampled is an abort
         generation = assembler.generation()
         check_generation(generation)
-        await record(generation, "client_gone" if gone.is_set() or _gone(request) else "answered")
+        await record(generation, "client_gone" if gone.is_set() or client_left(request) else "answered")
     except (ConnectionResetError, asyncio.CancelledError) as exc:
         upstream.abort()
         await _record_abort(assembler, record)
