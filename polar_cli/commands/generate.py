@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,12 +13,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polar_cli.commands.flags import positive_seconds
+from polar_cli.commands.interrupt import Interrupted, run_until_stopped
+from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
 from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.generate import GenerateOptions, GenerateProgress, GroupStats, embedded_serve_config, generate
-from polar_cli.generate.ledger import open_ledger
+from polar_cli.generate.ledger import LEDGER, open_ledger
 from polar_cli.models import SessionResult, validate_model
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.registry import get_harness
@@ -69,11 +69,15 @@ def generate_command(
     dataset_config: Annotated[Path | None, typer.Option("--dataset-config", help="Dataset options, YAML.")] = None,
     harness: str | None = typer.Option(None, "--harness", help="Override agent.harness (e.g. pi)."),
     model: str | None = typer.Option(None, "--model", help="Override agent.model_name; upstream model name."),
-    samples: int | None = typer.Option(None, "--samples", help="Sessions per task (num_samples)."),
-    limit: int | None = typer.Option(None, "--limit", help="The first N tasks only."),
-    concurrency: int = typer.Option(8, "--concurrency", help="Sessions in flight at once."),
-    max_retries: int = typer.Option(1, "--max-retries", help="Re-runs of a session that errs or yields no tokens."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Override timeout_seconds per session."),
+    samples: int | None = typer.Option(None, "--samples", min=1, help="Sessions per task (num_samples)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="The first N tasks only."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Sessions in flight at once."),
+    max_retries: int = typer.Option(
+        1, "--max-retries", min=0, help="Re-runs of a session that errs or yields no tokens."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", callback=positive_seconds, help="Override timeout_seconds per session."
+    ),
     builder: str | None = typer.Option(None, "--builder", help="Override builder.strategy."),
     group_by: str = typer.Option("repo", "--group-by", help="Task metadata field the table groups by."),
     accept_min_reward: float = typer.Option(1.0, "--accept-min-reward", help="Reward at which a session counts."),
@@ -82,11 +86,14 @@ def generate_command(
     backend: str = typer.Option("scripted", "--backend", help="Embedded: vllm, sglang, openai, scripted."),
     backend_url: str | None = typer.Option(None, "--backend-url", help="Embedded: inference server URL."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Embedded: HF tokenizer dir or id."),
-    run_slots: int | None = typer.Option(None, "--run-slots", help="Embedded: harnesses at once (default: C)."),
+    run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
+    as_json: bool = JsonOption,
 ) -> None:
-    """Generate rollouts for a dataset's tasks into DIR; run it again to resume after a crash or Ctrl-C."""
+    """Generate rollouts for a dataset's tasks into DIR; run it again to resume after a crash, Ctrl-C or SIGTERM.
+
+    Exits 1 when no session completed, 130/143 when stopped by Ctrl-C/SIGTERM (the next run resumes), else 0."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
     options = validate_model(GenerateOptions, {
         "dataset": dataset, "dataset_options": parse_dataset_options(dataset_config, dataset_option or []),
@@ -102,7 +109,7 @@ def generate_command(
         pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},
                                   source="polar generate")  # fmt: skip
         target = embedded_serve_config(out, proxy, pipeline)
-    console = Console(stderr=True)
+    console = stderr_console()
     if server is None and harness is not None:
         agent = get_harness(harness)
         if not agent.is_installed() and agent.version:
@@ -113,6 +120,7 @@ def generate_command(
 
     columns = (TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
+    interrupted: Interrupted | None = None
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("generate", total=None, counts="starting")
 
@@ -126,25 +134,58 @@ def generate_command(
                       f"running {p.in_flight}" + (f" · resumed {p.resumed}" if p.resumed else ""))  # fmt: skip
             progress.update(bar, total=p.total, completed=p.done, counts=counts)
 
-        async def main() -> None:
-            current = asyncio.current_task()
-            if current is not None:  # SIGTERM stops like Ctrl-C; the next run resumes
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-            await generate(options, out, server=target, token=token, on_start=started, on_progress=update)
-
         try:
-            asyncio.run(main())
-        except asyncio.CancelledError:
-            raise KeyboardInterrupt from None
-    report(out, group_by)
+            run_until_stopped(
+                generate(options, out, server=target, token=token, on_start=started, on_progress=update)
+            )
+        except Interrupted as stop:
+            interrupted = stop
+    if interrupted is not None and not (out / LEDGER).is_file():
+        console.print(f"interrupted ({interrupted.name}) before anything ran; nothing was written to {out}")
+        raise typer.Exit(interrupted.exit_code)
+    if as_json:
+        emit_json(summary(out, group_by))
+    completed = report(out, group_by, console if as_json else stdout_console())
+    if interrupted is not None:
+        console.print(
+            f"interrupted ({interrupted.name}): the {completed[1]} sessions that finished are kept in {out}; run the "
+            "same command again to resume (finished sessions are not run again).",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        raise typer.Exit(interrupted.exit_code)
+    if completed[0] == 0:
+        console.print(f"no session completed (see the failed sessions above; their results are in {out})",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(1)
 
 
-def report(out: Path, group_by: str) -> None:
-    """The acceptance table and the sessions that failed (with the ``polar run`` summary table)."""
+def summary(out: Path, group_by: str) -> dict[str, Any]:
+    """``--json``'s document: the folder, the acceptance statistics per group (the last is the total), and every
+    session that did not complete."""
     from polar_cli.generate import group_stats
 
-    console = Console()
+    with open_ledger(out, must_exist=True) as ledger:
+        rows = ledger.rows()
+        failed = [
+            SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
+        ]
+    groups = [{"group": s.group, "tasks": s.tasks, "sessions": s.sessions, "attempts": s.attempts,
+               "accepted": s.accepted, "rate": s.rate, "failed": s.failed, "trainable_tokens": s.trainable_tokens,
+               "mean_turns": s.mean_turns} for s in group_stats(rows)]  # fmt: skip
+    return {
+        "out": str(out), "group_by": group_by, "sessions": len(rows),
+        "completed": sum(r.status == "completed" for r in rows), "accepted": sum(r.accepted for r in rows),
+        "groups": groups,
+        "failed": [{"session_id": r.session_id, "task_id": r.task_id, "status": r.status, "error": r.error}
+                   for r in failed],
+    }  # fmt: skip
+
+
+def report(out: Path, group_by: str, console: Console) -> tuple[int, int]:
+    """The acceptance table and the sessions that failed (with the ``polar run`` summary table); ``(completed,
+    finished)`` session counts."""
+    from polar_cli.generate import group_stats
+
     with open_ledger(out, must_exist=True) as ledger:
         rows = ledger.rows()
         console.print(group_table(group_stats(rows), group_by))
@@ -156,6 +197,7 @@ def report(out: Path, group_by: str) -> None:
         table.title = f"failed sessions ({len(failed)}{', first 20' if len(failed) > 20 else ''})"
         console.print(table)
     console.print(f"{len(rows)} sessions in {out} (export: polar export {out} --to DATASET_DIR)")
+    return sum(r.status == "completed" for r in rows), len(rows)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar_cli.commands.flags import positive_seconds
+from polar_cli.commands.interrupt import Interrupted, run_until_stopped
+from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
@@ -94,8 +93,10 @@ def run(
     command: str | None = typer.Option(None, "--command", help="agent.config.command (the shell harness)."),
     runtime: str | None = typer.Option(None, "--runtime", help="runtime.backend: local, docker, apptainer."),
     image: str | None = typer.Option(None, "--image", help="runtime.image (docker/apptainer)."),
-    samples: int | None = typer.Option(None, "--samples", help="num_samples: sessions to run."),
-    timeout: float | None = typer.Option(None, "--timeout", help="timeout_seconds: the agent's budget per session."),
+    samples: int | None = typer.Option(None, "--samples", min=1, help="num_samples: sessions to run."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", callback=positive_seconds, help="timeout_seconds: the agent's budget per session."
+    ),
     builder: str | None = typer.Option(None, "--builder", help="builder.strategy: prefix_merging, per_request."),
     evaluator: str | None = typer.Option(None, "--evaluator", help="evaluator.strategy."),
     backend: str = typer.Option("scripted", "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
@@ -110,9 +111,9 @@ def run(
     ),
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
-    run_slots: int = typer.Option(8, "--run-slots", help="Harnesses running at once."),
-    init_workers: int = typer.Option(8, "--init-workers", help="Runtimes starting at once."),
-    postrun_workers: int = typer.Option(8, "--postrun-workers", help="Sessions building/evaluating at once."),
+    run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
+    init_workers: int = typer.Option(8, "--init-workers", min=1, help="Runtimes starting at once."),
+    postrun_workers: int = typer.Option(8, "--postrun-workers", min=1, help="Sessions building/evaluating at once."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if it is missing."),
     control_token: str | None = typer.Option(
         None,
@@ -120,10 +121,12 @@ def run(
         help=f"Bearer token of the embedded gateway's control routes (default: ${CONTROL_TOKEN_ENV}, else generated).",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the gateway."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Run one task's sessions on an embedded gateway: live progress, a summary table, results as JSONL.
 
-    Exits 1 when any session ended with status error, else 0."""
+    Exits 1 when any session ended with status error, 130/143 when stopped by Ctrl-C/SIGTERM, else 0. With --json,
+    stdout is one JSON list of the SessionResults."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
     if task_file is None and (harness is None or instruction is None):
         raise ConfigError("polar run: give a task file, or at least --harness and --instruction")
@@ -140,14 +143,18 @@ def run(
     if backend_retries is not None:
         proxy_options["retry"] = {"attempts": backend_retries + 1}
     proxy = validate_model(ProxyConfig, proxy_options, source="polar run")
+    proxy.backend_config()  # a bad backend combination fails now
+    proxy.check_scripted(task.task_id, task.metadata)
     pipeline = validate_model(
         PipelineConfig,
         {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},
         source="polar run",
     )
     token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)
-    config = GatewayConfig(port=0, data_dir=data_dir, pipeline=pipeline, proxy=proxy, control_token=token)
-    console = Console(stderr=True)
+    config = GatewayConfig(
+        port=0, data_dir=data_dir, pipeline=pipeline, proxy=proxy, control_token=token, backend_check="fail"
+    )
+    console = stderr_console()
     agent = get_harness(task.agent.harness)
     if not agent.is_installed() and agent.version:
         if not install:
@@ -155,14 +162,17 @@ def run(
         with console.status(f"installing {agent.name} {agent.version}"):
             agent.install()
 
+    finished: list[SessionResult] = []
+    interrupted: Interrupted | None = None
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[stages]}"), console=console, transient=False,
     ) as progress:  # fmt: skip
         bar = progress.add_task(task.task_id, total=task.num_samples, stages="starting")
 
-        def update(metrics: dict[str, Any], finished: list[SessionResult]) -> None:
-            progress.update(bar, completed=len(finished), stages=_stages(metrics))
+        def update(metrics: dict[str, Any], results: list[SessionResult]) -> None:
+            finished[:] = results
+            progress.update(bar, completed=len(results), stages=_stages(metrics))
 
         base_dir = task_file.resolve().parent if task_file is not None else None
 
@@ -171,24 +181,30 @@ def run(
             line = f"gateway: {node.url}  (control token: {shown})"
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-        async def main() -> list[SessionResult]:
-            # SIGTERM stops like Ctrl-C: every session is cancelled, torn down and still gets its result
-            current = asyncio.current_task()
-            if current is not None:
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-            return await run_embedded(task, config, base_dir=base_dir, on_progress=update, on_ready=ready)
-
         try:
-            results = asyncio.run(main())
-        except asyncio.CancelledError:
-            raise KeyboardInterrupt from None
-    Console().print(summary_table(results))
+            results = run_until_stopped(
+                run_embedded(task, config, base_dir=base_dir, on_progress=update, on_ready=ready)
+            )
+        except Interrupted as stop:
+            interrupted, results = stop, list(finished)
+    results = sorted(results, key=lambda r: (r.sample_index, r.session_id))
+    if as_json:
+        emit_json(results)
+    if results:
+        (console if as_json else stdout_console()).print(summary_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(r.model_dump_json() + "\n" for r in results), encoding="utf-8")
     where = f"results: {out} and {data_dir / 'results'}" if out else f"results: {data_dir / 'results'}"
-    console.print(f"{where}; journals: {data_dir / 'journal'}")
+    if interrupted is not None:
+        console.print(
+            f"interrupted ({interrupted.name}): {len(results)} of {task.num_samples} sessions kept, unfinished ones "
+            f"cancelled with their partial traces; {where}; journals: {data_dir / 'journal'}. polar run does not "
+            "resume: run it again to start over (polar generate resumes).",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        raise typer.Exit(interrupted.exit_code)
+    console.print(f"{where}; journals: {data_dir / 'journal'}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1 if any(r.status == "error" for r in results) else 0)
 
 

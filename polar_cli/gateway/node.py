@@ -23,15 +23,16 @@ alone; a refused session does not stop the others.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import Field, field_validator
 
-from polar_cli.errors import ConfigError, ProxyError, SessionError
+from polar_cli.errors import BackendError, ConfigError, ProxyError, SessionError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
@@ -58,6 +59,10 @@ from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
 
 PROXY_PREFIX = "/proxy"
+BACKEND_CHECK_S = 5.0
+"""How long the start-up check of the backend waits for its answer."""
+
+log = logging.getLogger(__name__)
 
 
 class GatewayConfig(StrictModel):
@@ -73,6 +78,12 @@ class GatewayConfig(StrictModel):
     )
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
+    backend_check: Literal["fail", "warn", "off"] = Field(
+        default="warn",
+        description="at start-up, ask the backend once (GET /v1/models, BACKEND_CHECK_S seconds, no retries): fail "
+        "(polar run, polar generate: an unreachable backend stops before any session), warn (log it and serve: "
+        "the inference server may still be loading), off",
+    )
 
     @field_validator("control_token", mode="before")
     @classmethod
@@ -122,6 +133,13 @@ class GatewayNode:
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.backend_check != "off":
+            try:
+                await self.proxy.backend.preflight(BACKEND_CHECK_S)
+            except BackendError as exc:
+                if self.config.backend_check == "fail":
+                    raise
+                log.error("%s (sessions fail until it answers)", exc)
         app = self.create_app()
         self._runner = app_runner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -314,7 +332,8 @@ async def run_embedded(
     """Run every session of ``task`` on a gateway node started for it (``polar run``); results in sample order.
 
     ``on_ready(node)`` is called once it listens (``node.url``; its control routes need ``config.control_token``);
-    ``on_progress(metrics, finished_results)`` is called every ``interval`` seconds and once at the end.
+    ``on_progress(metrics, finished_results)`` is called every ``interval`` seconds and once at the end (also when
+    cancelled, with every session's result once the node has cancelled them).
     """
     async with GatewayNode(config, base_dir=base_dir) as node:
         if on_ready is not None:
@@ -326,8 +345,11 @@ async def run_embedded(
                 if on_progress is not None:
                     on_progress(node.pipeline.metrics(), [job.result for job in jobs if job.result is not None])
                 await asyncio.wait({waiting}, timeout=interval)
-        except BaseException:
+        except BaseException:  # cancelled (Ctrl-C, SIGTERM): each session is cancelled and still gets its result
             waiting.cancel()
+            await node.close()
+            if on_progress is not None:
+                on_progress(node.pipeline.metrics(), [job.result for job in jobs if job.result is not None])
             raise
         results = waiting.result()
         if on_progress is not None:

@@ -98,7 +98,9 @@ def embedded_serve_config(out: Path, proxy: ProxyConfig, pipeline: PipelineConfi
     return ServeConfig(
         role="all",
         server=ServerConfig(port=0, data_dir=data_dir, heartbeat_interval_s=1.0),
-        gateway=GatewayConfig(port=0, data_dir=data_dir, proxy=proxy, pipeline=pipeline or PipelineConfig()),
+        gateway=GatewayConfig(
+            port=0, data_dir=data_dir, proxy=proxy, pipeline=pipeline or PipelineConfig(), backend_check="fail"
+        ),
     )
 
 
@@ -215,6 +217,9 @@ async def generate(
     tasks = list(load_tasks(options))  # dataset options and every task are validated before anything runs
     if not tasks:
         raise ConfigError(f"dataset {options.dataset!r} yielded no tasks")
+    if isinstance(server, ServeConfig):
+        for task in tasks:
+            server.gateway.proxy.check_scripted(task.task_id, task.metadata)
     with Ledger(out) as ledger:
         ledger.check_recipe(options.recipe())
         finished = ledger.finished()

@@ -48,6 +48,10 @@ class BackendClient(ABC):
         """Model names the backend serves (for ``GET /v1/models``)."""
         return []
 
+    async def preflight(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
+        """Check within ``timeout_s`` that the backend answers, before any session starts; BackendError naming the
+        server and the whole cause when it does not (default: nothing to check)."""
+
     async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
         """A session was created; ``options`` are what it passed, already checked against ``session_options``."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,10 @@ from polar_cli.proxy.retry import RetryConfig
 from polar_cli.proxy.types import StreamMode
 
 _HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})
+NO_SCRIPT = (
+    "the scripted backend has no script to play: give --script FILE (docs/scripted-backend.md) or the task's "
+    "metadata.script, or use a model: --backend vllm --backend-url URL"
+)
 
 
 class ProxyConfig(StrictModel):
@@ -45,6 +50,12 @@ class ProxyConfig(StrictModel):
     @classmethod
     def _token(cls, value: Any) -> Any:
         return value or new_token()  # never open: a missing token is a generated one
+
+    def check_scripted(self, task_id: str, metadata: Mapping[str, Any]) -> None:
+        """ConfigError when the scripted backend would play task ``task_id`` with no script at all (neither
+        ``--script`` nor the task's ``metadata.script``): its sessions would get only the filler turn, not a model."""
+        if self.backend == "scripted" and self.script is None and "script" not in metadata:
+            raise ConfigError(f"task {task_id!r}: {NO_SCRIPT}")
 
     def backend_config(self) -> dict[str, Any]:
         """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept)."""

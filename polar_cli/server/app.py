@@ -78,4 +78,9 @@ def create_app(server: RolloutServer) -> web.Application:
     app.router.add_delete("/nodes/{node_id}", guard(drain))
     app.router.add_post("/callbacks/session_result", session_result)
     app.router.add_get("/healthz", health)
+
+    async def on_shutdown(_: web.Application) -> None:
+        server.stop_waiting()
+
+    app.on_shutdown.append(on_shutdown)
     return app

@@ -108,6 +108,7 @@ class RolloutServer:
         self._send_limit = asyncio.Semaphore(SENDS_IN_FLIGHT)
         self._lookup_limit = asyncio.Semaphore(LOOKUPS_IN_FLIGHT)
         self._dispatching = True
+        self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -137,7 +138,14 @@ class RolloutServer:
         """No session is sent to any node from now on (a draining shutdown); everything else goes on."""
         self._dispatching = False
 
+    def stop_waiting(self) -> None:
+        """The server is shutting down: every long poll answers now (its caller polls again, or is gone), so the
+        HTTP server's graceful stop does not wait out their ``wait`` seconds."""
+        self._stopping = True
+        self._changed.set()  # only the long polls: waking the loops now could race their cancellation below
+
     async def close(self) -> None:
+        self.stop_waiting()
         for task in [*self._loops, *self._background]:
             task.cancel()
         await asyncio.gather(*self._loops, *self._background, return_exceptions=True)
@@ -181,7 +189,7 @@ class RolloutServer:
             changed = self._changed  # taken before the read: a change after it still wakes this wait
             state = await self.threads.read(self.store.task_state, task_id)
             remaining = deadline - time.monotonic()
-            if state in TERMINAL_TASK_STATES or remaining <= 0:
+            if state in TERMINAL_TASK_STATES or remaining <= 0 or self._stopping:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)

@@ -170,6 +170,22 @@ class HttpChatClient(BackendClient):
         data = await self.request("GET", "/v1/models")
         return [str(m.get("id")) for m in (data.get("data") or []) if isinstance(m, dict)]
 
+    async def preflight(self, timeout_s: float) -> None:
+        """One ``GET /v1/models`` (no retries): the server is up, answers, and serves the configured model."""
+        try:
+            data = await self._once("GET", "/v1/models", None, budget_s=timeout_s)
+        except BackendError as exc:
+            root = exc.__cause__
+            cause = f"{type(root).__name__}: {root}" if root is not None and str(root) else str(exc)
+            raise BackendError(f"the {self.name} backend at {self.config.url} does not answer: {cause}") from exc
+        names = [str(m.get("id")) for m in (data.get("data") or []) if isinstance(m, dict)] if isinstance(
+            data, dict) else []  # fmt: skip
+        if self._model is not None and names and self._model not in names:
+            raise BackendError(
+                f"{self.name} backend at {self.config.url} does not serve model {self._model!r} (it serves: "
+                f"{', '.join(names)})"
+            )
+
     async def served_model(self) -> str:
         """The configured model, or the server's first model (asked once)."""
         if self._model is None:

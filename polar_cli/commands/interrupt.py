@@ -1,0 +1,56 @@
+"""Running a command's event loop so that SIGTERM (what ``kill`` and schedulers send) stops it exactly like Ctrl-C:
+the main task is cancelled, everything under it unwinds (sessions cancelled, their results kept), and the command
+gets :class:`Interrupted` to say in one line what was kept and how to go on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """The command was stopped by ``signum``; exit with ``exit_code`` (128 + the signal, as a shell reports it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, where SIGINT and SIGTERM cancel ``main`` (a second signal cancels its clean-up too);
+    raises :class:`Interrupted` once it has unwound."""
+    received: list[int] = []
+
+    async def guarded() -> T:
+        current = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if current is not None:
+            for signum in STOP_SIGNALS:
+
+                def stop(signum: int = signum) -> None:
+                    received.append(signum)
+                    current.cancel()
+
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(signum, stop)
+        return await main
+
+    try:
+        return asyncio.run(guarded())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise Interrupted(received[0] if received else signal.SIGINT) from None
