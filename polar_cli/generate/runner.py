@@ -219,7 +219,8 @@ async def generate(
         raise ConfigError(f"dataset {options.dataset!r} yielded no tasks")
     if isinstance(server, ServeConfig):
         for task in tasks:
-            server.gateway.proxy.check_scripted(task.task_id, task.metadata)
+            server.gateway.proxy.check_scripted(task.task_id, task.metadata, "the task a metadata.script (as the "
+                                                "demo dataset's tasks have)")  # fmt: skip
     with Ledger(out) as ledger:
         ledger.check_recipe(options.recipe())
         finished = ledger.finished()

@@ -15,10 +15,8 @@ from polar_cli.proxy.retry import RetryConfig
 from polar_cli.proxy.types import StreamMode
 
 _HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})
-NO_SCRIPT = (
-    "the scripted backend has no script to play: give --script FILE (docs/scripted-backend.md) or the task's "
-    "metadata.script, or use a model: --backend vllm --backend-url URL"
-)
+NO_SCRIPT = "the scripted backend has no script to play (docs/scripted-backend.md): give {where}, or use a model: \
+--backend vllm --backend-url URL"
 
 
 class ProxyConfig(StrictModel):
@@ -51,11 +49,14 @@ class ProxyConfig(StrictModel):
     def _token(cls, value: Any) -> Any:
         return value or new_token()  # never open: a missing token is a generated one
 
-    def check_scripted(self, task_id: str, metadata: Mapping[str, Any]) -> None:
-        """ConfigError when the scripted backend would play task ``task_id`` with no script at all (neither
-        ``--script`` nor the task's ``metadata.script``): its sessions would get only the filler turn, not a model."""
+    def check_scripted(
+        self, task_id: str, metadata: Mapping[str, Any], where: str = "--script FILE or the task's metadata.script"
+    ) -> None:
+        """ConfigError when the scripted backend would play task ``task_id`` with no script at all (neither the
+        proxy's ``script`` nor the task's ``metadata.script``): its sessions would get only the filler turn, not a
+        model. ``where`` says where a script can come from in the caller's terms."""
         if self.backend == "scripted" and self.script is None and "script" not in metadata:
-            raise ConfigError(f"task {task_id!r}: {NO_SCRIPT}")
+            raise ConfigError(f"task {task_id!r}: {NO_SCRIPT.format(where=where)}")
 
     def backend_config(self) -> dict[str, Any]:
         """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept)."""
