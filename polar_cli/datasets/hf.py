@@ -21,6 +21,7 @@ import jinja2.meta
 from pydantic import Field, field_validator
 
 from polar_cli.errors import ConfigError
+from polar_cli.extras import require
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 
@@ -76,10 +77,7 @@ def _render(value: Any, row: dict[str, Any]) -> Any:
 
 def load_rows(options: HFDatasetOptions) -> Any:
     """The ``datasets.Dataset`` the options name (ConfigError when ``datasets`` or the data is missing)."""
-    try:
-        import datasets
-    except ImportError as exc:  # pragma: no cover - the hf extra is not installed
-        raise ConfigError("dataset 'hf' needs the hf extra: pip install 'polar-rl[hf]'") from exc
+    datasets = require("datasets", needed_by="dataset 'hf'")
     local = Path(options.path)
     try:
         if local.is_file():

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from polar_cli.errors import ConfigError, HubError
+from polar_cli.extras import require
 
 OFFLINE = ("1", "on", "yes", "true")
 
@@ -21,11 +22,9 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
         raise ConfigError(f"{folder} is not an exported dataset (no README.md): run polar export first")
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in OFFLINE:
         raise HubError("HF_HUB_OFFLINE is set: the Hub cannot be reached in offline mode (unset it to push)")
-    try:
-        import huggingface_hub
-        from huggingface_hub.errors import HfHubHTTPError
-    except ImportError as exc:  # pragma: no cover - the hf extra is not installed
-        raise ConfigError("polar push-hub needs the hf extra: pip install 'polar-rl[hf]'") from exc
+    huggingface_hub = require("huggingface_hub", needed_by="polar push-hub")
+    from huggingface_hub.errors import HfHubHTTPError
+
     token = token or huggingface_hub.get_token()
     if not token:
         raise HubError("no HuggingFace token: pass --token, set HF_TOKEN, or run `hf auth login`")

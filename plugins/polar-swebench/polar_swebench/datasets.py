@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from polar_cli.errors import ConfigError
+from polar_cli.extras import missing, require
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 from polar_swebench.images import DEFAULT_PREFIX, DEFAULT_TAG, for_backend, image_name
@@ -83,7 +84,7 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
             data = json.loads(path.read_text(encoding="utf-8"))
             yield from data if isinstance(data, list) else [data]
     except ImportError as exc:
-        raise ConfigError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
+        raise missing("pyarrow", needed_by=f"reading {path}") from exc
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
 
@@ -106,13 +107,8 @@ def local_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
 
 
 def hub_rows(hub_id: str, split: str) -> Iterator[dict[str, Any]]:
-    try:
-        import datasets
-    except ImportError as exc:
-        raise ConfigError(
-            f"loading {hub_id} from the hub needs the datasets package (pip install 'polar-swebench[hf]'), "
-            "or give path= a local copy"
-        ) from exc
+    datasets = require("datasets", needed_by=f"loading {hub_id} from the hub", distribution="polar-swebench",
+                       also=", or give path= a local copy")  # fmt: skip
     try:
         rows: Iterable[dict[str, Any]] = datasets.load_dataset(hub_id, split=split)
     except Exception as exc:  # network, auth, unknown split: the library's own message says which
