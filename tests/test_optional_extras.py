@@ -123,10 +123,11 @@ def generated_folder(folder: Path) -> Path:
 
 def test_export_names_the_extra_in_one_line(plain_env: dict[str, str], tmp_path: Path) -> None:
     source = generated_folder(tmp_path / "rollouts")
-    done = polar(["export", str(source), "--to", str(tmp_path / "dataset")], plain_env)
-    assert done.returncode != 0 and done.stdout == ""
-    assert done.stderr.splitlines() == [f"Error: polar export needs pyarrow: {HF_EXTRA}"]
-    assert not (tmp_path / "dataset").exists()
+    for json_flag in ([], ["--json"]):
+        done = polar(["export", str(source), "--to", str(tmp_path / "dataset"), *json_flag], plain_env)
+        assert done.returncode != 0 and done.stdout == ""
+        assert done.stderr.splitlines() == [f"Error: polar export needs pyarrow: {HF_EXTRA}"]
+        assert not (tmp_path / "dataset").exists()
 
 
 def test_push_hub_names_the_extra_in_one_line(plain_env: dict[str, str], tmp_path: Path) -> None:
