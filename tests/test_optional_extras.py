@@ -154,7 +154,8 @@ def test_datasets_from_the_hub_name_the_extra(plain_env: dict[str, str], tmp_pat
     done = run(["-c", LOAD, "swegym"], plain_env)
     assert done.stdout.strip() == (
         "MissingDependencyError loading SWE-Gym/SWE-Gym from the hub needs datasets: "
-        "pip install 'polar-swebench[hf]', or give path= a local copy"
+        "pip install 'polar-swebench[hf]'; or give a local copy: polar generate --dataset swegym "
+        "-O path=/data/swegym.jsonl (a .jsonl/.json/.parquet file or a folder of them)"
     ), done.stderr
     (tmp_path / "rows.parquet").write_bytes(b"PAR1")
     done = run(["-c", LOAD, "swegym", f"path={tmp_path / 'rows.parquet'}"], plain_env)

@@ -1,5 +1,5 @@
-"""Without the HuggingFace Hub, or with a Hub that refuses: ``polar push-hub`` says so in one line within seconds,
-naming the repo and the cause.
+"""Without the HuggingFace Hub, or with a Hub that refuses: ``polar push-hub`` and the ``hf`` dataset say so in one
+line within seconds, naming the repo or dataset, the cause and (for datasets) the local-file option.
 
 The Hub itself is the one thing mocked: an address with nothing listening (``HF_ENDPOINT`` at a closed port), a
 stand-in answering HTTP errors (``RefusingHub``) or refusing a wrong token (``FakeHub``). ``huggingface_hub`` and
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from polar_cli.errors import HubError
+from polar_cli.registry import get_dataset
 from tests.generate.hub import FakeHub, RefusingHub
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +83,17 @@ def test_push_hub_http_errors_are_one_line_naming_repo_and_status(dataset_folder
     assert line.startswith(f"Error: cannot push user/x: the Hub at {hub.url} ")
     assert f"HTTP {status}" in line and seconds < 30
     assert hub.calls and hub.calls[0].startswith("POST /api/repos/create")
+
+
+def test_the_hf_dataset_without_a_hub_names_the_local_file_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    start = time.monotonic()
+    with pytest.raises(HubError) as info:
+        next(iter(get_dataset("hf").tasks(path="my-org/bugs", instruction="{{ text }}")))
+    message = str(info.value)
+    assert "\n" not in message and time.monotonic() - start < 10
+    assert message.startswith("cannot reach the HuggingFace Hub at http://127.0.0.1:")
+    assert "to load my-org/bugs (split train)" in message
+    assert "polar generate --dataset hf -O path=/data/rows.jsonl" in message
