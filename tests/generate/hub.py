@@ -61,6 +61,9 @@ class FakeHub:
     async def validate_yaml(self, request: web.Request) -> web.Response:
         return web.json_response({"errors": [], "warnings": []})
 
+    async def alive(self, request: web.Request) -> web.Response:
+        return web.Response()
+
     async def other(self, request: web.Request) -> web.Response:
         self.unknown.append(f"{request.method} {request.path}")
         return web.json_response({"error": "not in the fake hub"}, status=404)
@@ -72,6 +75,7 @@ class FakeHub:
         app.router.add_post("/api/datasets/{org}/{name}/preupload/{rev}", self.preupload)
         app.router.add_post("/api/datasets/{org}/{name}/commit/{rev}", self.commit)
         app.router.add_post("/api/validate-yaml", self.validate_yaml)
+        app.router.add_route("HEAD", "/", self.alive)  # polar push-hub's reachability check
         app.router.add_route("*", "/{tail:.*}", self.other)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
