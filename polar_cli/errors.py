@@ -21,7 +21,8 @@
     ├── AuthError                    a control call without the right token
     │   └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
     ├── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
-    └── HubError                     the HuggingFace Hub refused or failed an upload (``polar push-hub``)
+    ├── HubError                     the HuggingFace Hub refused, failed or could not be reached
+    └── MissingDependencyError       an optional package is not installed (names the extra that brings it)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
@@ -142,9 +143,15 @@ class ServiceUnavailableError(PolarError):
 
 
 class HubError(PolarError):
-    """The HuggingFace Hub refused or failed an operation (no token, offline mode, an existing repo, an HTTP error)."""
+    """The HuggingFace Hub refused or failed an operation (no token, offline mode, an existing repo, an HTTP error)
+    or could not be reached."""
 
     http_status = 502
+
+
+class MissingDependencyError(PolarError):
+    """An optional package a command needs is not installed; the message names the extra to install
+    (see ``polar_cli.extras``)."""
 
 
 def brief(value: Any, limit: int = 80) -> str:

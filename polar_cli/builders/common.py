@@ -71,13 +71,13 @@ def base_metadata(context: BuildContext, completions: Sequence[Completion], buil
 
 
 def sampled_entries(completion: Completion) -> list[TokenLogprob]:
-    """``response_logprobs`` entries for a completion's sampled tokens (with their text when the backend gave it, else
-    without a ``token`` key, as in the paper's appendix); requires its logprobs."""
+    """``response_logprobs`` entries for a completion's sampled tokens: ``token`` is the text the backend gave for
+    it, or None when it gave none (every entry has the same three keys); requires its logprobs."""
     logprobs = completion.response_logprobs
     assert logprobs is not None
     ids = completion.response_ids
     if completion.response_tokens is None:
-        return [{"token_id": i, "logprob": lp} for i, lp in zip(ids, logprobs, strict=True)]
+        return [{"token": None, "token_id": i, "logprob": lp} for i, lp in zip(ids, logprobs, strict=True)]
     return [
         {"token": t, "token_id": i, "logprob": lp}
         for t, i, lp in zip(completion.response_tokens, ids, logprobs, strict=True)
@@ -85,8 +85,9 @@ def sampled_entries(completion: Completion) -> list[TokenLogprob]:
 
 
 def placeholder_entries(token_ids: Sequence[int]) -> list[TokenLogprob]:
-    """Entries for mask-0 tokens: no text and a placeholder logprob, so the list stays aligned."""
-    return [{"token_id": i, "logprob": PLACEHOLDER_LOGPROB} for i in token_ids]
+    """Entries for mask-0 tokens, so the list stays aligned: the same keys as sampled ones, ``token`` None (a prompt's
+    ids come without text) and a placeholder logprob."""
+    return [{"token": None, "token_id": i, "logprob": PLACEHOLDER_LOGPROB} for i in token_ids]
 
 
 def make_trace(

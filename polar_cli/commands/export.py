@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from polar_cli.export import ExportOptions, export
+from polar_cli.commands.output import JsonOption, emit_json, stdout_console
+from polar_cli.export import ExportOptions, ExportReport, export
 from polar_cli.export.hub import push_to_hub
 from polar_cli.models import validate_model
+
+
+def load_hint(to: Path) -> list[str]:
+    """How to load and push the dataset: after ``load it:`` runnable Python (the folder's absolute path, and the
+    install the import needs as a comment), after ``push it:`` a shell command from where export ran."""
+    folder = repr(str(to.resolve()))
+    return [
+        f"load it: from datasets import load_dataset; traces = load_dataset({folder}, 'traces')"
+        "  # needs datasets: pip install 'polar-rl[hf]'",
+        f"push it: polar push-hub {shlex.quote(str(to))} USER/NAME",
+    ]
+
+
+def report_document(report: ExportReport, source: Path) -> dict[str, Any]:
+    """``--json``: the folder written, each config's rows per split, its files."""
+    out = report.out.resolve()
+    return {"out": str(out), "source": str(source.resolve()), "configs": report.rows,
+            "files": [str(f.resolve().relative_to(out)) for f in report.files]}  # fmt: skip
 
 
 def export_command(
@@ -25,6 +44,7 @@ def export_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the split."),
     license: str = typer.Option("other", "--license", help="The dataset card's license."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
+    json_output: bool = JsonOption,
 ) -> None:
     """Export generated sessions as a HuggingFace dataset: configs 'traces' and 'messages', parquet, a card."""
     options = validate_model(ExportOptions, {
@@ -32,14 +52,20 @@ def export_command(
         "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,
         "overwrite": overwrite}, source="polar export")  # fmt: skip
     report = export(source, to, options)
+    if json_output:
+        emit_json(report_document(report, source))
+        for line in load_hint(to):
+            typer.echo(line, err=True)
+        return
     table = Table(title=f"exported to {to}")
     for column in ("config", "split", "rows"):
         table.add_column(column, justify="right" if column == "rows" else "left")
     for config, splits in report.rows.items():
         for split, rows in sorted(splits.items()):
             table.add_row(config, split, str(rows))
-    Console().print(table)
-    typer.echo(f'load it: datasets.load_dataset("{to}", "traces")   push it: polar push-hub {to} USER/NAME')
+    stdout_console().print(table)
+    for line in load_hint(to):
+        typer.echo(line)
 
 
 def push_hub_command(

@@ -20,11 +20,15 @@ import jinja2
 import jinja2.meta
 from pydantic import Field, field_validator
 
-from polar_cli.errors import ConfigError
+from polar_cli import hf_hub
+from polar_cli.errors import ConfigError, PolarError
+from polar_cli.extras import require
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 
 FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+LOCAL_COPY = ("give a local copy: polar generate --dataset hf -O path=/data/rows.jsonl (a dataset folder or a "
+              f"{'/'.join(FILE_BUILDERS)} file)")  # fmt: skip
 _env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
 
 
@@ -76,10 +80,7 @@ def _render(value: Any, row: dict[str, Any]) -> Any:
 
 def load_rows(options: HFDatasetOptions) -> Any:
     """The ``datasets.Dataset`` the options name (ConfigError when ``datasets`` or the data is missing)."""
-    try:
-        import datasets
-    except ImportError as exc:  # pragma: no cover - the hf extra is not installed
-        raise ConfigError("dataset 'hf' needs the hf extra: pip install 'polar-rl[hf]'") from exc
+    datasets = require("datasets", needed_by="dataset 'hf'")
     local = Path(options.path)
     try:
         if local.is_file():
@@ -87,13 +88,19 @@ def load_rows(options: HFDatasetOptions) -> Any:
             if builder is None:
                 raise ConfigError(f"dataset 'hf': {local}: use a {', '.join(FILE_BUILDERS)} file")
             return datasets.load_dataset(builder, data_files=str(local), split=options.split)
-        return datasets.load_dataset(
-            options.path, options.name, split=options.split, revision=options.revision, data_files=options.data_files
-        )
-    except ConfigError:
+
+        def load() -> Any:
+            return datasets.load_dataset(options.path, options.name, split=options.split, revision=options.revision,
+                                         data_files=options.data_files)  # fmt: skip
+
+        if local.exists():  # a dataset folder
+            with hf_hub.quiet():
+                return load()
+        return hf_hub.load_from_hub(load, name=f"{options.path} (split {options.split})", local_copy=LOCAL_COPY)
+    except PolarError:
         raise
     except Exception as exc:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError...)
-        raise ConfigError(f"dataset 'hf': cannot load {options.path!r}: {exc}") from exc
+        raise ConfigError(f"dataset 'hf': cannot load {options.path!r}: {hf_hub.cause(exc)}") from exc
 
 
 class HFDataset(Dataset):

@@ -13,18 +13,20 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from pydantic import Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
-from polar_cli.export.parquet import ShardedWriter
 from polar_cli.export.split import stratified_test_keys
 from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
+
+if TYPE_CHECKING:
+    from polar_cli.export.parquet import ShardedWriter
 
 CONFIGS = ("traces", "messages")
 REJECTED = "rejected"
@@ -172,7 +174,10 @@ def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str,
 
 def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
            batch_rows: int = 512) -> ExportReport:  # fmt: skip
-    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``."""
+    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``
+    (MissingDependencyError, before anything is read, without pyarrow: the ``hf`` extra)."""
+    from polar_cli.export.parquet import ShardedWriter
+
     options = options or ExportOptions()
     occupied = to.exists() and (not to.is_dir() or any(to.iterdir()))
     if occupied and not options.overwrite:

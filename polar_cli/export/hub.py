@@ -6,12 +6,11 @@ The Hub's address is ``huggingface_hub``'s own (``HF_ENDPOINT``, default https:/
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from polar_cli import hf_hub
 from polar_cli.errors import ConfigError, HubError
-
-OFFLINE = ("1", "on", "yes", "true")
+from polar_cli.extras import require
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str | None = None,
@@ -19,28 +18,38 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
     """Create the dataset repo ``repo_id`` and upload ``folder`` into it; returns the dataset's URL."""
     if not (folder / "README.md").is_file():
         raise ConfigError(f"{folder} is not an exported dataset (no README.md): run polar export first")
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in OFFLINE:
-        raise HubError("HF_HUB_OFFLINE is set: the Hub cannot be reached in offline mode (unset it to push)")
-    try:
-        import huggingface_hub
-        from huggingface_hub.errors import HfHubHTTPError
-    except ImportError as exc:  # pragma: no cover - the hf extra is not installed
-        raise ConfigError("polar push-hub needs the hf extra: pip install 'polar-rl[hf]'") from exc
+    if hf_hub.offline():
+        raise HubError("offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): the Hub cannot be reached "
+                       "(unset it to push)")
+    huggingface_hub = require("huggingface_hub", needed_by="polar push-hub")
+    from huggingface_hub.errors import HfHubHTTPError
+
     token = token or huggingface_hub.get_token()
     if not token:
         raise HubError("no HuggingFace token: pass --token, set HF_TOKEN, or run `hf auth login`")
+    hub = hf_hub.endpoint()
+    why = hf_hub.unreachable()
+    if why is not None:
+        raise HubError(f"cannot push {repo_id}: the HuggingFace Hub at {hub} cannot be reached ({why})")
     api = huggingface_hub.HfApi(token=token)
     try:
-        url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=exist_ok)
-        api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="dataset",
-                          commit_message="Upload a dataset exported by polar")  # fmt: skip
+        with hf_hub.quiet():
+            url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=exist_ok)
+            api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="dataset",
+                              commit_message="Upload a dataset exported by polar")  # fmt: skip
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
+        status = hf_hub.http_status(exc)
         if status == 409:
             raise HubError(f"dataset repo {repo_id} already exists (--exist-ok uploads into it)") from exc
         if status in (401, 403):
-            raise HubError(f"the Hub refused the token for {repo_id} ({status})") from exc
-        raise HubError(f"the Hub failed ({status}): {str(exc).splitlines()[0]}") from exc
-    except (OSError, ValueError) as exc:  # connection errors, bad repo ids (HFValidationError is a ValueError)
-        raise HubError(f"cannot push {repo_id}: {exc}") from exc
+            raise HubError(f"cannot push {repo_id}: the Hub at {hub} refused the token (HTTP {status}; pass --token, "
+                           "set HF_TOKEN, or run `hf auth login`)") from exc  # fmt: skip
+        raise HubError(f"cannot push {repo_id}: the Hub at {hub} answered HTTP {status}: {hf_hub.cause(exc)}") from exc
+    except Exception as exc:  # the connection failed midway, a bad repo id (HFValidationError is a ValueError), a file
+        if hf_hub.is_network_error(exc):
+            raise HubError(f"cannot push {repo_id}: the connection to the HuggingFace Hub at {hub} failed "
+                           f"({hf_hub.cause(exc)})") from exc  # fmt: skip
+        if isinstance(exc, OSError | ValueError):
+            raise HubError(f"cannot push {repo_id}: {hf_hub.cause(exc)}") from exc
+        raise
     return str(url)

@@ -1,4 +1,5 @@
-"""The two exported configs' schemas and a streaming, sharded parquet writer (pyarrow, row batches).
+"""The two exported configs' schemas and a streaming, sharded parquet writer (pyarrow, row batches). pyarrow comes
+with the ``hf`` extra: importing this module without it raises the one-line MissingDependencyError.
 
 Encoding (measured in docs/generate.md, "polar export"): every column is zstd-compressed; the token columns
 (``prompt_ids``, ``response_ids``, ``loss_mask``, ``response_logprobs``: nearly every byte of a trace) are PLAIN,
@@ -16,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+from polar_cli.extras import missing
+
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError as exc:  # a plain install: exporter imports this module only when it writes
+    raise missing("pyarrow", needed_by="polar export") from exc
 
 FUNCTION = pa.struct([("name", pa.string()), ("arguments", pa.string())])
 TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION)])

@@ -11,7 +11,9 @@ from typing_extensions import TypedDict  # pydantic needs typing_extensions' Typ
 @with_config(ConfigDict(extra="forbid"))
 class TokenLogprob(TypedDict):
     """One ``response_logprobs`` entry, aligned with ``response_ids``: a plain dict, as in the paper's appendix A.4
-    (``{"token": "The", "token_id": 785, "logprob": -0.21}``; mask-0 entries carry no ``token``).
+    (``{"token": "The", "token_id": 785, "logprob": -0.21}``). Every entry of a Trace has all three keys: ``token``
+    is None where no text is known (mask-0 tokens, and sampled ones whose backend gave no text); an entry read without
+    it (the paper's own example omits it for mask-0 tokens) gets ``"token": None`` when the Trace is validated.
 
     A TypedDict, not a model: a trace holds one entry per response token (tens of thousands), and dicts validate about
     five times faster than model instances and need no conversion on the way to a trainer or a dataset.
@@ -52,11 +54,14 @@ class Trace(BaseModel):
         if self.response_logprobs is not None:
             if len(self.response_logprobs) != n:
                 raise ValueError(f"response_logprobs has {len(self.response_logprobs)} entries for {n} response_ids")
-            for i, (entry, token_id) in enumerate(zip(self.response_logprobs, self.response_ids, strict=True)):
+            entries = self.response_logprobs
+            for i, (entry, token_id) in enumerate(zip(entries, self.response_ids, strict=True)):
                 if entry["token_id"] != token_id:
                     raise ValueError(
                         f"response_logprobs[{i}].token_id is {entry['token_id']}, response_ids[{i}] is {token_id}"
                     )
+                if "token" not in entry:  # one shape for every entry (validation made these dicts: ours to replace)
+                    entries[i] = {"token": None, "token_id": token_id, "logprob": entry["logprob"]}
         return self
 
     @property

@@ -42,7 +42,9 @@ def test_three_turn_session_merges_into_one_hand_checked_trace() -> None:
     trained = [(e["token_id"], e["logprob"]) for e, m in zip(entries, trace.loss_mask, strict=True) if m]
     assert trained == [(300, -0.1), (301, -0.2), (302, -0.3), (IM_END, -0.01), (310, -1.0), (311, -1.1),
                        (320, -2.0), (IM_END, -0.02)]
-    assert all(e["logprob"] == 0.0 and "token" not in e for e, m in zip(entries, trace.loss_mask, strict=True) if not m)
+    masked = [e for e, m in zip(entries, trace.loss_mask, strict=True) if not m]
+    assert all(e == {"token": None, "token_id": e["token_id"], "logprob": 0.0} for e in masked)
+    assert {tuple(e) for e in entries} == {("token", "token_id", "logprob")}  # one shape, masked or not
     assert trace.finish_reason == "stop"
     assert trace.metadata["completion_ids"] == ["c0", "c1", "c2"]
     assert traj.metadata["trainable_tokens"] == 8 and traj.metadata["interstitial_tokens"] == 22
@@ -69,8 +71,33 @@ def test_paper_appendix_trace_validates_and_our_trace_has_its_shape() -> None:
     n = len(paper.response_ids)
     assert ours.response_ids[:n] == paper.response_ids and ours.loss_mask[:n] == paper.loss_mask
     assert ours.response_logprobs is not None and paper.response_logprobs is not None
-    assert ours.response_logprobs[2:n] == paper.response_logprobs[2:n]  # the same dicts, mask-0 ones without "token"
+    # the same entries as the paper's (whose mask-0 ones, without "token", get token None when validated), and the
+    # sampled ones without text (this completion has no response_tokens) have the same keys
+    assert ours.response_logprobs[2:n] == paper.response_logprobs[2:n]
+    assert all(list(e) == ["token", "token_id", "logprob"] for e in [*ours.response_logprobs, *paper.response_logprobs])
+    assert [e["token"] for e in ours.response_logprobs[:n]] == [None] * n
     assert paper.metadata.items() <= ours.metadata.items()
+
+
+@pytest.mark.parametrize("builder", ["per_request", "prefix_merging"])
+def test_logprob_entries_have_one_shape_on_the_paper_fixture(builder: str) -> None:
+    """Sampled tokens with their text, masked ones without: every entry has ``token``, ``token_id`` and ``logprob``
+    (``token`` None where no text is known), built or read back from JSON."""
+    paper = Trace.model_validate(shared_fixture("paper_trace.json"))
+    assert paper.response_logprobs is not None
+    texts = [e["token"] for e in paper.response_logprobs[:2]]
+    sampled = completion(0, list(paper.prompt_ids), [785, 10042, IM_END], logprobs=[-0.21, -0.44, 0.0],
+                         response_tokens=[*texts, "<|im_end|>"])  # fmt: skip
+    follow = completion(1, [*paper.prompt_ids, 785, 10042, IM_END, NLNL, IM_START, USER, NL, 9707, IM_END, NL, *GEN],
+                        [1, IM_END], response_tokens=["!", "<|im_end|>"])  # fmt: skip
+    traces = build_trajectory(builder, [sampled, follow], eos_token_id=IM_END).traces
+    for trace in [*traces, *(Trace.model_validate_json(t.model_dump_json()) for t in traces)]:
+        entries = trace.response_logprobs
+        assert entries is not None and {tuple(e) for e in entries} == {("token", "token_id", "logprob")}
+        for e, m in zip(entries, trace.loss_mask, strict=True):
+            assert (e["token"] is not None) == bool(m), e
+    first = traces[0].response_logprobs
+    assert first is not None and first[:2] == paper.response_logprobs[:2]
 
 
 def test_every_completion_lands_in_exactly_one_chain_when_prefixes_break() -> None:

@@ -62,6 +62,10 @@ def check_session(case: TokenizerCase, plan: list[Step], seed: int, drop_reasoni
     merged = build_trajectory("prefix_merging", comps, tokenizer=str(case.path))
     report = verify(merged, comps)
     assert report.ok, report.violations
+    for trace in [*per_request.traces, *merged.traces]:  # one entry shape; text exactly on the sampled tokens
+        entries = trace.response_logprobs or []
+        assert all(list(e) == ["token", "token_id", "logprob"] for e in entries)
+        assert [e["token"] is not None for e in entries] == [bool(m) for m in trace.loss_mask]
     assert report.placed_completions == len(comps) and report.trainable_tokens == sampled
 
     meta = merged.metadata

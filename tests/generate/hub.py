@@ -1,4 +1,4 @@
-"""A stand-in for the HuggingFace Hub's HTTP API, the one thing these tests mock: the Hub cannot be reached from CI.
+"""Stand-ins for the HuggingFace Hub's HTTP API, the one thing these tests mock: the Hub cannot be reached from CI.
 
 It answers the calls ``huggingface_hub`` makes for ``create_repo`` and ``upload_folder`` (repo creation, the
 card check, the pre-upload check, which it answers "regular" so file contents come inline, and the NDJSON commit)
@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from aiohttp import web
@@ -60,6 +61,9 @@ class FakeHub:
     async def validate_yaml(self, request: web.Request) -> web.Response:
         return web.json_response({"errors": [], "warnings": []})
 
+    async def alive(self, request: web.Request) -> web.Response:
+        return web.Response()
+
     async def other(self, request: web.Request) -> web.Response:
         self.unknown.append(f"{request.method} {request.path}")
         return web.json_response({"error": "not in the fake hub"}, status=404)
@@ -71,6 +75,7 @@ class FakeHub:
         app.router.add_post("/api/datasets/{org}/{name}/preupload/{rev}", self.preupload)
         app.router.add_post("/api/datasets/{org}/{name}/commit/{rev}", self.commit)
         app.router.add_post("/api/validate-yaml", self.validate_yaml)
+        app.router.add_route("HEAD", "/", self.alive)  # polar push-hub's reachability check
         app.router.add_route("*", "/{tail:.*}", self.other)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
@@ -90,3 +95,46 @@ class FakeHub:
         self._thread.join(10)
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
+
+
+class RefusingHub:
+    """A stand-in for a Hub that answers every API call with one HTTP error (``status``, the Hub's JSON error body)
+    and ``HEAD /`` with 200, so it is reachable. Real HTTP on a free port, in a thread."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.calls: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+
+            def answer(self) -> None:
+                outer.calls.append(f"{self.command} {self.path}")
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps({"error": f"refused with {outer.status}"}).encode()
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> RefusingHub:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)

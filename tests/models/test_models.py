@@ -30,10 +30,17 @@ def test_paper_task_payload_validates_and_roundtrips() -> None:
 
 
 def test_paper_trace_validates_and_roundtrips() -> None:
+    """The paper's example omits ``token`` in its entries without text; validated, every entry has the three keys
+    (``token`` None there) and the rest is unchanged."""
     data = shared_fixture("paper_trace.json")
-    assert roundtrip(Trace, data) == data
+    assert any("token" not in e for e in data["response_logprobs"])
+    one_shape = [{"token": e.get("token"), "token_id": e["token_id"], "logprob": e["logprob"]}
+                 for e in data["response_logprobs"]]  # fmt: skip
+    assert roundtrip(Trace, data) == {**data, "response_logprobs": one_shape}
     trace = Trace.model_validate(data)
     assert trace.trainable_tokens == 3
+    assert trace.response_logprobs == one_shape
+    assert [list(e) for e in trace.response_logprobs] == [["token", "token_id", "logprob"]] * len(one_shape)
 
 
 def test_misspelled_task_field_is_named(tmp_path) -> None:

@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from polar_cli.errors import ConfigError
+from polar_cli import hf_hub
+from polar_cli.errors import ConfigError, PolarError
+from polar_cli.extras import missing, require
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 from polar_swebench.images import DEFAULT_PREFIX, DEFAULT_TAG, for_backend, image_name
@@ -41,7 +43,7 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class SweDatasetConfig(StrictModel):
-    """Config of the SWE datasets (``polar generate --dataset swegym -c key=value`` or a recipe's ``dataset``)."""
+    """Config of the SWE datasets (``polar generate --dataset swegym -O key=value`` or a recipe's ``dataset``)."""
 
     path: str | None = Field(default=None, description="local .jsonl/.json/.parquet file or folder (offline)")
     hub_id: str | None = Field(default=None, description="HuggingFace dataset id (default: the dataset's own)")
@@ -83,7 +85,7 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
             data = json.loads(path.read_text(encoding="utf-8"))
             yield from data if isinstance(data, list) else [data]
     except ImportError as exc:
-        raise ConfigError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from exc
+        raise missing("pyarrow", needed_by=f"reading {path}") from exc
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
 
@@ -105,18 +107,25 @@ def local_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
         yield from _read_file(file)
 
 
-def hub_rows(hub_id: str, split: str) -> Iterator[dict[str, Any]]:
+def local_copy(dataset: str) -> str:
+    """How to give ``dataset``'s rows without the hub: its ``path`` option, with an example."""
+    return (f"give a local copy: polar generate --dataset {dataset} -O path=/data/{dataset}.jsonl "
+            f"(a {'/'.join(DATA_SUFFIXES)} file or a folder of them)")  # fmt: skip
+
+
+def hub_rows(hub_id: str, split: str, dataset: str) -> Iterator[dict[str, Any]]:
+    """The rows of ``hub_id``'s ``split``, loaded with ``datasets``; without the hub, one line within seconds (not
+    the library's ~24 s of retry warnings) naming ``dataset``'s ``path`` option."""
+    datasets = require("datasets", needed_by=f"loading {hub_id} from the hub", distribution="polar-swebench",
+                       also=f"; or {local_copy(dataset)}")  # fmt: skip
     try:
-        import datasets
-    except ImportError as exc:
-        raise ConfigError(
-            f"loading {hub_id} from the hub needs the datasets package (pip install 'polar-swebench[hf]'), "
-            "or give path= a local copy"
-        ) from exc
-    try:
-        rows: Iterable[dict[str, Any]] = datasets.load_dataset(hub_id, split=split)
-    except Exception as exc:  # network, auth, unknown split: the library's own message says which
-        raise ConfigError(f"cannot load {hub_id} (split {split}): {exc}") from exc
+        rows: Iterable[dict[str, Any]] = hf_hub.load_from_hub(
+            lambda: datasets.load_dataset(hub_id, split=split), name=f"{hub_id} (split {split})",
+            local_copy=local_copy(dataset))  # fmt: skip
+    except PolarError:
+        raise
+    except Exception as exc:  # auth, unknown split...: the library's own message says which
+        raise ConfigError(f"cannot load {hub_id} (split {split}): {hf_hub.cause(exc)}") from exc
     yield from rows
 
 
@@ -136,7 +145,7 @@ class SweDataset(Dataset):
         split = config.split or self.split
         if config.path is not None:
             return local_rows(Path(config.path), config.split)
-        return hub_rows(config.hub_id or self.hub_id, split)
+        return hub_rows(config.hub_id or self.hub_id, split, self.name)
 
     def tasks(self, **raw: Any) -> Iterator[TaskRequest]:
         config = self.config(**raw)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from polar_swebench.images import image_name
 
-from polar_cli.errors import ConfigError
-from polar_cli.registry import get_dataset, get_evaluator
+from polar_cli.errors import ConfigError, HubError
+from polar_cli.registry import LOAD_ENV, get_dataset, get_evaluator
 
 PATCH = "diff --git a/moto/s3/models.py b/moto/s3/models.py\n--- a/moto/s3/models.py\n+++ b/moto/s3/models.py\n"
 
@@ -135,18 +140,62 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         tasks("swegym", path=str(tmp_path / "bad.jsonl"))
 
 
-def test_the_hub_is_reached_through_datasets_and_its_failure_is_a_config_error(
+def test_offline_mode_without_a_cached_copy_names_the_local_file_option(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No hub here: offline, loading fails inside ``datasets`` (or it is missing), and either says what to do."""
+    """``HF_HUB_OFFLINE`` and nothing in the datasets cache: one line naming ``-O path=``, no hub call."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ConfigError, match=r"datasets package.*path="):
-            tasks("swegym")
-    else:
-        with pytest.raises(ConfigError, match=r"cannot load SWE-Gym/SWE-Gym \(split train\)"):
-            tasks("swegym")
+    with pytest.raises(HubError) as info:
+        tasks("swegym")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("cannot load SWE-Gym/SWE-Gym (split train) in offline mode: ")
+    assert message.endswith("give a local copy: polar generate --dataset swegym -O path=/data/swegym.jsonl "
+                            "(a .jsonl/.json/.parquet file or a folder of them)")  # fmt: skip
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("name,hub_id", [("swegym", "SWE-Gym/SWE-Gym"),
+                                         ("swebench_verified", "princeton-nlp/SWE-bench_Verified"),
+                                         ("skyrl_swegym", "NovaSky-AI/SkyRL-v0-293-data")])  # fmt: skip
+def test_every_hub_dataset_without_a_hub_is_one_line_within_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, hub_id: str
+) -> None:
+    """The hub at a closed port (the one thing faked: there is no hub here): one HubError, within seconds rather than
+    the library's ~24 s of retries, naming the dataset's ``path`` option with an example."""
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    start = time.monotonic()
+    with pytest.raises(HubError) as info:
+        tasks(name)
+    message = str(info.value)
+    assert "\n" not in message and time.monotonic() - start < 10
+    assert message.startswith("cannot reach the HuggingFace Hub at http://127.0.0.1:") and hub_id in message
+    assert f"polar generate --dataset {name} -O path=/data/{name}.jsonl" in message
+
+
+def test_polar_generate_swegym_without_a_hub_says_so_in_one_line(tmp_path: Path) -> None:
+    """The user's own command, as a process: one error line within seconds (besides generate's progress line), no
+    retry warnings, naming ``-O path=``; nothing is written."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE") and k != LOAD_ENV}
+    root = Path(__file__).resolve().parents[3]
+    env.update({"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HOME": str(tmp_path / "hf"),
+                "PYTHONPATH": os.pathsep.join([str(root), str(root / "plugins" / "polar-swebench")])})  # fmt: skip
+    start = time.monotonic()
+    command = ["generate", "--harness", "pi", "--dataset", "swegym", "--out", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, "-m", "polar_cli", *command], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    seconds = time.monotonic() - start
+    assert done.returncode == 1 and seconds < 20, done.stderr
+    said = [line for line in done.stderr.splitlines() if not line.startswith("generate ")]  # the progress line
+    assert len(said) == 1 and said[0].startswith("Error: cannot reach the HuggingFace Hub"), done.stderr
+    assert "-O path=/data/swegym.jsonl" in said[0]
+    assert not any(noise in done.stderr for noise in ("Retrying", "thrown while requesting", "Traceback"))

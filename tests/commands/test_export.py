@@ -1,0 +1,78 @@
+"""``polar export`` as a user runs it: the table and the load hint, whose code runs as printed with the real
+``datasets``, and ``--json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_cli.generate.ledger import Ledger, ResultRow
+from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def generated_folder(folder: Path, sessions: int = 3) -> Path:
+    """A real ``polar generate`` output folder with ``sessions`` finished sessions (one trace each)."""
+    with Ledger(folder) as ledger:
+        for i in range(sessions):
+            repo = f"r{i % 2}"
+            task = TaskRequest(task_id=f"t{i}", instruction="x", agent={"harness": "pi"}, metadata={"repo": repo})
+            trace = Trace(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 0],
+                          response_logprobs=[{"token": "a", "token_id": 3, "logprob": -0.5},
+                                             {"token": None, "token_id": 4, "logprob": 0.0}])  # fmt: skip
+            trajectory = Trajectory(status="completed", traces=[trace])
+            result = SessionResult(session_id=f"s{i}", task_id=task.task_id, status="completed", reward=1.0,
+                                   num_completions=1, trajectory=trajectory)  # fmt: skip
+            ledger.remember_task(i, repo, task)
+            row = ResultRow(task.task_id, 0, f"s{i}", repo, 1, "completed", 1.0, True, 1, 4, 1, 1)
+            assert ledger.finish(row, result)
+    return folder
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """Offline, with a datasets cache of the test's own (the default one is shared and keyed on folder names)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}  # fmt: skip
+
+
+def test_export_prints_a_table_and_a_load_hint_whose_code_runs(tmp_path: Path, env: dict[str, str]) -> None:
+    work = tmp_path / "work"
+    generated_folder(work / "rollouts")
+    done = run(["-m", "polar_cli", "export", "rollouts", "--to", "my dataset"], work, env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any("traces" in line and "train" in line and "3" in line for line in lines)
+    load = next(line for line in lines if line.startswith("load it: "))
+    push = next(line for line in lines if line.startswith("push it: "))
+    assert "pip install 'polar-rl[hf]'" in load
+    assert push == "push it: polar push-hub 'my dataset' USER/NAME"
+    code = load.removeprefix("load it: ")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    loaded = run(["-c", f"{code}\nprint(traces['train'].num_rows, traces['train'][0]['response_logprobs'])"],
+                 elsewhere, env)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split()[0] == "3" and "[-0.5, 0.0]" in loaded.stdout
+
+
+def test_export_json_is_one_document_on_stdout(tmp_path: Path, env: dict[str, str]) -> None:
+    generated_folder(tmp_path / "rollouts")
+    args = ["-m", "polar_cli", "export", "rollouts", "--to", "ds", "--test-size", "0.5", "--json"]
+    done = run(args, tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["out"] == str(tmp_path / "ds") and report["source"] == str(tmp_path / "rollouts")
+    assert report["configs"] == {"traces": {"train": 2, "test": 1}, "messages": {"train": 2, "test": 1}}
+    assert "README.md" in report["files"] and "traces/train-00000.parquet" in report["files"]
+    assert [line.split(":")[0] for line in done.stderr.splitlines()] == ["load it", "push it"]
