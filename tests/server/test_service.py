@@ -373,3 +373,35 @@ def test_a_bad_topology_file_names_the_field_and_the_file(tmp_path: Path) -> Non
     assert run.returncode == 2, run.stderr
     assert f"{bad}: invalid ServeConfig: unknown field 'server.heartbeat_interval'" in run.stderr
     assert "did you mean 'heartbeat_interval_s'?" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_paused_server_does_not_take_its_gateway_for_dead(tmp_path: Path) -> None:
+    """The process stops for longer than a node may stay silent (SIGSTOP: as when its event loop is blocked): the
+    heartbeats it could not read are not the node's fault, so nothing is re-dispatched."""
+    marker = tmp_path / "go"
+    serve = Serve(tmp_path / "polar-data", "--verbose", "--port", "0", "--config", str(serve_config(tmp_path, "s")))
+
+    async def body() -> None:
+        info = await serve.ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("paused", 2, marker))
+
+        async def two_running() -> bool:
+            metrics = await gateway_metrics(info["gateway_url"], info["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 2)
+
+        await until_true(two_running, "two sessions running")
+        serve.proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(3)  # dead after 0.75 s of silence
+        serve.proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(1)
+        marker.touch()
+        results = one_result_per_sample(await finished(info, "paused"), 2)
+        assert [r.metadata["polar_attempt"] for r in results] == [1, 1]
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        serve.stop()
+    assert "missed its heartbeats" not in serve.output()
