@@ -131,16 +131,23 @@ async def gateway_metrics(url: str, token: str) -> dict[str, Any]:
 
 
 class Receiver:
-    """A trainer's callback listener: records every POST by its Idempotency-Key."""
+    """A trainer's callback listener: records every POST by its Idempotency-Key, and the keys it acknowledged in
+    order. With ``refuse_first``, the first POST of each session result is answered 500 (to be sent again)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, refuse_first: bool = False) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/callback"
+        self.refuse_first = refuse_first
         self.by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.acknowledged: list[str] = []
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.by_key[request.headers["Idempotency-Key"]].append(await request.json())
+        key = request.headers["Idempotency-Key"]
+        self.by_key[key].append(await request.json())
+        if self.refuse_first and key.startswith("session_result:") and len(self.by_key[key]) == 1:
+            return web.json_response({"error": "not now"}, status=500)
+        self.acknowledged.append(key)
         return web.json_response({"ok": True})
 
     async def start(self) -> None:

@@ -89,6 +89,7 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
             assert SessionResult.model_validate(sent["result"]) == r  # the same as what polling answers
         final = TaskStatus.model_validate(by_key["task_status:six"]["status"])
         assert final.state == "completed" and final.completed == 6
+        assert receiver.acknowledged[-1] == "task_status:six"  # all seven were due at once: the status came last
         await check_tokens(info, nodes)
 
     try:
@@ -373,6 +374,33 @@ def test_a_bad_topology_file_names_the_field_and_the_file(tmp_path: Path) -> Non
     assert run.returncode == 2, run.stderr
     assert f"{bad}: invalid ServeConfig: unknown field 'server.heartbeat_interval'" in run.stderr
     assert "did you mean 'heartbeat_interval_s'?" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_callbacks_for_a_task_end_with_its_status_after_every_session_result(tmp_path: Path) -> None:
+    # the receiver refuses each session result once: the last one is sent again after the task has ended
+    receiver = Receiver(free_port(), refuse_first=True)
+    serve = Serve(tmp_path / "polar-data", "--port", "0", "--config", str(serve_config(tmp_path, "serve")))
+
+    async def body() -> None:
+        await receiver.start()
+        try:
+            info = await serve.ready()
+            async with client(info) as http:
+                await http.post("/rollout/task/submit", json=waiting_task("ordered", 3, callback_url=receiver.url))
+            results = one_result_per_sample(await finished(info, "ordered"), 3)
+            await until_true(lambda: asyncio.sleep(0, "task_status:ordered" in receiver.acknowledged), "the status")
+        finally:
+            await receiver.close()
+        sessions = {f"session_result:{r.session_id}" for r in results}
+        assert receiver.acknowledged == [*receiver.acknowledged[:3], "task_status:ordered"]
+        assert set(receiver.acknowledged[:3]) == sessions
+        assert all(len(receiver.by_key[key]) == 2 for key in sessions)  # each refused once, then taken
+        assert len(receiver.by_key["task_status:ordered"]) == 1  # sent once, when nothing was left before it
+
+    try:
+        asyncio.run(body())
+    finally:
+        serve.stop()
 
 
 def test_a_paused_server_does_not_take_its_gateway_for_dead(tmp_path: Path) -> None:
