@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polar_cli.client import SERVER_ENV, TOKEN_ENV, PolarClient
+from polar_cli.commands.output import stderr_console
 from polar_cli.commands.run import build_task, styled, summary_table
+from polar_cli.models import TaskStatus
 
 ServerOption = Annotated[
     str | None, typer.Option("--server", help=f"The rollout server's URL (default: ${SERVER_ENV}).", show_default=False)
@@ -23,21 +25,38 @@ TokenOption = Annotated[
 ]
 
 
+def outcome(status: TaskStatus) -> str:
+    """``running, 1 completed, 0 failed of 4``: how a task stands or ended."""
+    return f"{styled(status.state)}, {status.completed} completed, {status.failed} failed of {status.num_samples}"
+
+
 def submit(
     task_file: Annotated[Path, typer.Argument(help="A TaskRequest as YAML or JSON.", show_default=False)],
     server: ServerOption = None,
     token: TokenOption = None,
     samples: int | None = typer.Option(None, "--samples", help="num_samples: sessions to run."),
+    task_id: str | None = typer.Option(
+        None,
+        "--task-id",
+        help="Submit under this id (default: the file's task_id, else a fresh one each time). The same id and body "
+        "again is the same task: nothing new runs.",
+        show_default=False,
+    ),
     wait: bool = typer.Option(False, "--wait", help="Follow the task until it ends and summarize its sessions."),
 ) -> None:
     """Submit a task to a rollout server and print its id; with --wait, show progress and a summary table.
 
     With --wait, exits 1 when any session ended with status error, else 0."""
-    task = build_task(task_file, {"num_samples": samples})
-    console = Console(stderr=True)
+    task = build_task(task_file, {"num_samples": samples, "task_id": task_id})
+    console = stderr_console()
     with PolarClient(server, token) as client:
         answer = client.submit(task)
-        console.print(f"submitted [bold]{answer.task_id}[/bold] ({answer.status}) to {client.url}")
+        if answer.created:
+            console.print(f"submitted [bold]{answer.task_id}[/bold] ({answer.status}) to {client.url}")
+        else:
+            existing = client.status(answer.task_id)
+            console.print(f"task [bold]{answer.task_id}[/bold] already existed on {client.url} with this body: "
+                          f"{outcome(existing)}; nothing new runs (--task-id NEW runs it again)")  # fmt: skip
         typer.echo(answer.task_id)
         if not wait:
             return
@@ -51,8 +70,7 @@ def submit(
         final = client.status(answer.task_id)
     results = sorted(final.results, key=lambda r: (r.sample_index, r.session_id))
     Console().print(summary_table(results))
-    console.print(f"task {final.task_id}: {styled(final.state)}, {final.completed} completed, {final.failed} failed "
-                  f"of {final.num_samples}")  # fmt: skip
+    console.print(f"task {final.task_id}: {outcome(final)}")
     raise typer.Exit(1 if any(r.status == "error" for r in results) else 0)
 
 

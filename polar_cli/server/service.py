@@ -172,7 +172,7 @@ class RolloutServer:
         submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
         if submitted.created:
             self._dispatch_wake.set()
-        return SubmitAnswer(task_id=submitted.task_id, status=submitted.state)
+        return SubmitAnswer(task_id=submitted.task_id, status=submitted.state, created=submitted.created)
 
     async def status(self, task_id: str, wait: float = 0.0) -> TaskStatus:
         """The TaskStatus; with ``wait``, once the task has ended or ``wait`` seconds have passed."""

@@ -301,7 +301,10 @@ class SQLiteStore:
             row = db.execute("SELECT digest, state FROM tasks WHERE task_id = ?", (task.task_id,)).fetchone()
             if row is not None:
                 if row["digest"] != digest:
-                    raise SessionExistsError(f"task {task.task_id!r} exists with a different body")
+                    raise SessionExistsError(
+                        f"task {task.task_id!r} exists with a different body: submit this one under another task_id "
+                        "(polar submit --task-id ID), or without one to get a fresh id"
+                    )
                 return Submitted(task.task_id, row["state"], created=False)
             body = orjson.dumps(task.model_dump(mode="json")).decode()
             db.execute(

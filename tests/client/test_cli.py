@@ -70,3 +70,36 @@ def test_cli_errors_are_one_line(served: Served, tmp_path: Path) -> None:
     invalid = subprocess.run([sys.executable, "-m", "polar_cli", "submit", str(bad), "--server", served.url],
                              capture_output=True, text=True, env=env)  # fmt: skip
     assert invalid.returncode == 2 and "unknown field 'num_sample'" in invalid.stderr
+
+
+def polar(*args: str, served: Served, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``polar ARGS`` in a subprocess (stdout a pipe), the server and token from the environment."""
+    full = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_SERVER": served.url, "POLAR_TOKEN": served.token,
+            **(env or {})}  # fmt: skip
+    full.pop("COLUMNS", None)
+    return subprocess.run([sys.executable, "-m", "polar_cli", *args], capture_output=True, text=True, env=full,
+                          timeout=300)  # fmt: skip
+
+
+def without_id(path: Path, data: dict[str, object]) -> Path:
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "task_id"}))
+    return path
+
+
+def test_submit_task_ids_fresh_named_existing_and_taken(served: Served, tmp_path: Path) -> None:
+    task_file = without_id(tmp_path / "task.json", task("unused", {}).model_dump(mode="json"))
+    first, second = polar("submit", str(task_file), served=served), polar("submit", str(task_file), served=served)
+    ids = [first.stdout.strip(), second.stdout.strip()]
+    assert first.returncode == second.returncode == 0 and ids[0] != ids[1], (first.stderr, second.stderr)
+    assert all(i.startswith("task-") for i in ids)
+    named = polar("submit", str(task_file), "--task-id", "cli-named", "--wait", served=served)
+    assert named.returncode == 0 and named.stdout.splitlines()[0] == "cli-named", named.stderr
+    assert f"submitted cli-named (pending) to {served.url}" in named.stderr
+    again = polar("submit", str(task_file), "--task-id", "cli-named", served=served)
+    assert again.returncode == 0 and again.stdout == "cli-named\n"
+    existed = f"task cli-named already existed on {served.url} with this body: completed, 1 completed, 0 failed of 1"
+    assert again.stderr.strip() == f"{existed}; nothing new runs (--task-id NEW runs it again)"
+    taken = polar("submit", str(task_file), "--task-id", "cli-named", "--samples", "2", served=served)
+    assert taken.returncode == 1 and taken.stdout == "" and len(taken.stderr.strip().splitlines()) == 1
+    assert taken.stderr.startswith("Error: task 'cli-named' exists with a different body: submit this one under")
+    assert "polar submit --task-id ID" in taken.stderr and "HTTP 409" in taken.stderr

@@ -61,9 +61,9 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
         submitted_at = time.monotonic()
         async with client(info) as http:
             submitted = (await http.post("/rollout/task/submit", json=spec)).json()
-            assert submitted == {"task_id": "six", "status": "pending"}
+            assert submitted == {"task_id": "six", "status": "pending", "created": True}
             again = await http.post("/rollout/task/submit", json=spec)
-            assert again.status_code == 200 and again.json()["task_id"] == "six"
+            assert again.status_code == 200 and (again.json()["task_id"], again.json()["created"]) == ("six", False)
             conflict = await http.post("/rollout/task/submit", json={**spec, "instruction": "something else"})
             assert conflict.status_code == 409 and conflict.json()["error"]["type"] == "conflict"
             bad = await http.post("/rollout/task/submit", json={**spec, "agent": {"harness": "no-such-harness"}})
