@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from polar_cli.commands.serve import build_config
 from polar_cli.models import SessionResult, TaskStatus, Trajectory
@@ -282,6 +283,7 @@ def test_a_draining_stop_lets_running_sessions_finish(tmp_path: Path) -> None:
             assert (await http.get("/rollout/task/later")).json()["sessions"] != {}
         marker.touch()
         assert await asyncio.to_thread(runs[0].proc.wait, 120) == 0
+        assert "Draining: no new sessions; waiting up to 300 s for the 2 under way" in runs[0].stderr()
         runs.append(Serve(tmp_path / "polar-data", *args))
         restarted = await runs[1].ready()
         results = one_result_per_sample(await finished(restarted, "drained"), 2)
@@ -401,6 +403,44 @@ def test_callbacks_for_a_task_end_with_its_status_after_every_session_result(tmp
         asyncio.run(body())
     finally:
         serve.stop()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_polar_serve_keeps_its_data_in_polar_data_and_stops_on_a_signal_with_a_note(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """No --data-dir: ./polar-data (never a folder named None). A signal stops it within seconds, a session under way
+    included (cancelled: the server runs it again after a restart), and one line says where the data is."""
+    marker = tmp_path / "never"
+    serve = Serve(tmp_path / "polar-data", "--port", "0", "--config", str(serve_config(tmp_path, "s")),
+                  default_data_dir=True)  # fmt: skip
+
+    async def body() -> None:
+        info = await serve.ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("cut-off", 1, marker))
+
+        async def running() -> bool:
+            metrics = await gateway_metrics(info["gateway_url"], info["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 1)
+
+        await until_true(running, "the session running")
+
+    try:
+        asyncio.run(body())
+        sent = time.monotonic()
+        serve.proc.send_signal(stop)
+        code = serve.proc.wait(30)
+        took = time.monotonic() - sent
+    finally:
+        serve.stop()
+    assert code == 0 and took < 5, (code, took, serve.output())
+    assert "(role: all; data: polar-data)" in serve.stdout() and (tmp_path / "polar-data" / "server.db").exists()
+    assert not (tmp_path / "None").exists()
+    assert serve.stderr().strip().splitlines()[-1] == (
+        "Stopped. Tasks, sessions and results are kept in polar-data; starting again with --data-dir polar-data "
+        "resumes them (sessions that were cut off run again)."
+    )
 
 
 def test_a_paused_server_does_not_take_its_gateway_for_dead(tmp_path: Path) -> None:
