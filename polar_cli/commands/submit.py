@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polar_cli.client import SERVER_ENV, TOKEN_ENV, PolarClient
+from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
 from polar_cli.commands.run import build_task, styled, summary_table
-from polar_cli.commands.signals import Stopped, stop_on_signals
 from polar_cli.models import SubmitAnswer, TaskStatus
 
 ServerOption = Annotated[
@@ -76,7 +76,7 @@ def submit(
                 emit_json(answer)
             if wait:
                 final = _follow(client, answer.task_id, task.num_samples, console)
-    except Stopped as stop:
+    except Interrupted as stop:
         again = _follow_again(task_file, task.task_id, samples)
         if answer is None:
             console.print(f"stopped before the server answered: `polar status {task.task_id}` tells whether task "
