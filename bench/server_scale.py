@@ -44,9 +44,10 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_cli.client import AsyncPolarClient
-from polar_cli.http import guarded, json_response
 from polar_cli.models import SessionResult, TaskRequest, Trajectory
 from polar_cli.models.service import SessionBatch
+from polar_cli.web.auth import guarded
+from polar_cli.web.errors import json_response
 
 # ---- the server, in a child process -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Used to run a real inference server (vLLM on the CPU) in tests without downloading weights. Top-level imports are
 stdlib only so that the file can be run by path from another virtual environment (``-P`` keeps the folder
-out of ``sys.path``: polar_cli/http.py would shadow the standard library's ``http``)::
+out of ``sys.path``: a package there, such as polar_cli/datasets, would shadow an installed one)::
 
     python -P polar_cli/demo_model.py tokenizer OUT_DIR   # needs `tokenizers` + `transformers`
     python -P polar_cli/demo_model.py model OUT_DIR       # also needs `torch`

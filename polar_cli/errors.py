@@ -26,7 +26,7 @@
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
-status by matching message text: see ``polar_cli.http.status_for``. Messages quote what a client sent through
+status by matching message text: see ``polar_cli.web.errors.status_for``. Messages quote what a client sent through
 :func:`brief`, never a plain repr: a 6 MB string or a value nested 1000 deep must not make the error itself fail.
 """
 

@@ -9,8 +9,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from polar_cli.errors import AuthError, BackendError, ConfigError, SessionError, SessionExistsError
-from polar_cli.http import guarded, json_errors, json_response, resolve_token, status_for
 from polar_cli.ids import check_session_id, is_session_id
+from polar_cli.web.auth import guarded, resolve_token
+from polar_cli.web.errors import json_errors, json_response, status_for
 
 
 @pytest.mark.parametrize("good", ["a", "abc-1.2_3", "A" * 128, "0x"])

@@ -8,10 +8,10 @@ from typing import Any
 
 import typer
 
-from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import validate_model
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
+from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 
 
 def _ready(state: ProxyState, generated: bool) -> None:

@@ -32,31 +32,23 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field, field_validator
 
-from polar_cli.errors import BackendError, ConfigError, ProxyError, SessionError
+from polar_cli.errors import BackendError, ConfigError, SessionError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
-from polar_cli.http import (
-    ERROR_SHAPE,
-    app_runner,
-    error_response,
-    guarded,
-    json_errors,
-    json_response,
-    new_token,
-    read_json,
-    status_for,
-)
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionBatchAnswer
 from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
 from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
+from polar_cli.web.auth import guarded, new_token
+from polar_cli.web.body import read_json
+from polar_cli.web.errors import ERROR_SHAPE, error_response, json_errors, json_response, status_for
+from polar_cli.web.listen import Listener, listen
 
 PROXY_PREFIX = "/proxy"
 BACKEND_CHECK_S = 5.0
@@ -128,7 +120,7 @@ class GatewayNode:
         self.url: str | None = None
         self.draining = False
         """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -140,26 +132,17 @@ class GatewayNode:
                 if self.config.backend_check == "fail":
                     raise
                 log.error("%s (sessions fail until it answers)", exc)
-        app = self.create_app()
-        self._runner = app_runner(app, handle_signals=False, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise ProxyError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}") from exc
-        port = self._runner.addresses[0][1]
-        self.url = (self.config.public_url or listen_url(self.config.host, port)).rstrip("/")
+        self._listener = await listen(self.create_app(), self.config.host, self.config.port)
+        self.url = (self.config.public_url or self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
         await self.pipeline.start()
 
     async def close(self) -> None:
         """Cancel what is in flight (each session still gets its result), then stop serving."""
         await self.pipeline.close()
-        if self._runner is not None:
-            await self._runner.cleanup()  # closes the proxy (its cleanup hook) too
-            self._runner = None
+        if self._listener is not None:
+            await self._listener.close()  # closes the proxy (its cleanup hook) too
+            self._listener = None
 
     async def __aenter__(self) -> GatewayNode:
         await self.start()

@@ -28,6 +28,7 @@ from polar_cli.harnesses.run import context_for, failure_report, run_harness
 from polar_cli.interfaces.harness import Harness, HarnessRun
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
 from polar_cli.models.task import RuntimeSpec
+from polar_cli.web.listen import listen
 
 DOCTOR_MODEL = "polar-doctor"
 DOCTOR_FILE = "polar-doctor.txt"
@@ -165,18 +166,14 @@ async def doctor_proxy(journal_dir: Path) -> AsyncIterator[DoctorProxy]:
         return await handler(request)
 
     app.middlewares.append(watch)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
+    listener = await listen(app, "127.0.0.1", 0)
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        state.base_url = url
+        state.base_url = listener.url
         control = {"Authorization": f"Bearer {config.control_token}"}  # its control routes need the token too
         async with httpx.AsyncClient(timeout=30.0, headers=control) as client:
-            yield DoctorProxy(url, client, seen)
+            yield DoctorProxy(listener.url, client, seen)
     finally:
-        await runner.cleanup()
+        await listener.close()
 
 
 def _text(messages: list[dict[str, Any]], roles: tuple[str, ...]) -> str:

@@ -4,7 +4,7 @@
 gateway app. A proxied call is: detect (path, then headers) → check the session key → decode → one backend call →
 journal the Completion → answer (JSON or a synthetic SSE stream). Every failure is answered in the provider's shape,
 including aiohttp's own 404/405/413 and HTTP framing 400s (``proxy_error_shape`` as the app's ``ERROR_SHAPE``: serve
-the app with ``polar_cli.http.app_runner``).
+the app with ``polar_cli.web.listen.listen``).
 """
 
 from __future__ import annotations
@@ -17,21 +17,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from yarl import URL
 
-from polar_cli.errors import BackendError, BodyTooLargeError, PolarError, ProtocolError
-from polar_cli.http import (
-    ERROR_SHAPE,
-    MAX_MESSAGE_CHARS,
-    ErrorShape,
-    client_left,
-    error_response,
-    header_bytes,
-    json_errors,
-    status_for,
-)
+from polar_cli.errors import BackendError, PolarError, ProtocolError
 from polar_cli.ids import SESSION_ID_RULE, is_session_id
 from polar_cli.proxy.capture import Delivery, check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
@@ -44,16 +32,14 @@ from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
 from polar_cli.proxy.types import ChatRequest, Generation, StreamMode
+from polar_cli.web.auth import header_bytes
+from polar_cli.web.body import read_object
+from polar_cli.web.disconnect import client_left
+from polar_cli.web.errors import ERROR_SHAPE, MAX_MESSAGE_CHARS, ErrorShape, error_response, json_errors, status_for
 
 log = logging.getLogger("polar.proxy")
 
 PROXY_STATE = web.AppKey("polar_proxy_state", ProxyState)
-
-MAX_JSON_DEPTH = 128
-"""Deepest nesting of arrays/objects a request body may have. orjson writes at most 255 levels and the journal
-embeds the body (and the messages decoded from it) a few levels down, so anything it accepts can be written back."""
-OFFLOAD_BYTES = 256 * 1024
-"""Bodies at least this large are parsed and checked in a worker thread, so the event loop keeps serving others."""
 
 
 def presented_keys(request: web.Request) -> list[bytes]:
@@ -96,50 +82,6 @@ def proxy_error_shape(prefix: str = "") -> ErrorShape:
     return shape
 
 
-def _too_deep(value: Any) -> bool:
-    """True when ``value`` nests arrays/objects deeper than MAX_JSON_DEPTH (a walk over containers only: a few
-    microseconds for a chat body; the body itself counts as level 1)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
-        inner = [child for child in children if isinstance(child, dict | list)]
-        if inner:
-            if depth >= MAX_JSON_DEPTH:
-                return True
-            stack.extend((child, depth + 1) for child in inner)
-    return False
-
-
-def _parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, only if it can be written back (nesting within MAX_JSON_DEPTH); else a 400."""
-    try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(f"request body is not valid JSON: {str(exc)[:200]}") from exc
-    if not isinstance(body, dict):
-        raise ProtocolError("request body must be a JSON object")
-    if _too_deep(body):
-        raise ProtocolError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
-    return body
-
-
-async def _read_body(request: web.Request) -> tuple[dict[str, Any], bytes]:
-    limit = request.client_max_size
-    too_large = f"request body is larger than the proxy's limit of {limit / (1 << 20):g} MiB (max_body_mb)"
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLargeError(too_large)  # refused before reading a byte of it
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise BodyTooLargeError(too_large) from exc
-    except (RequestPayloadError, HttpProcessingError) as exc:  # bad chunking, a body that is not what its
-        raise ProtocolError(f"cannot read the request body: {str(exc)[:200]}") from exc  # Content-Encoding says
-    if len(raw) >= OFFLOAD_BYTES:
-        return await asyncio.to_thread(_parse_body, raw), raw
-    return _parse_body(raw), raw
-
-
 class ProxyHandler:
     """The per-session proxy surface."""
 
@@ -172,7 +114,7 @@ class ProxyHandler:
             if found.kind == "unknown":
                 where = f"{request.method[:40]} {found.route.path[:200]}"
                 return provider_error(codec, 404, f"no such endpoint: {where}")
-            body, raw = await _read_body(request)
+            body, raw = await read_object(request)
             if found.kind == "count_tokens":
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))

@@ -12,10 +12,12 @@ from aiohttp import web
 from pydantic import Field
 
 from polar_cli.errors import ConfigError
-from polar_cli.http import guarded, json_response, read_json
 from polar_cli.ids import SessionId, check_session_id
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.proxy.backends.scripted import InlineScript
+from polar_cli.web.auth import guarded
+from polar_cli.web.body import read_json
+from polar_cli.web.errors import json_response
 
 if TYPE_CHECKING:
     from polar_cli.proxy.state import ProxyState

@@ -29,11 +29,11 @@ import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
-from polar_cli.http import client_gone, client_left
 from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
 from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
+from polar_cli.web.disconnect import client_gone, client_left
 
 log = logging.getLogger("polar.proxy.streaming")
 

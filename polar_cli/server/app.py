@@ -6,10 +6,12 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
-from polar_cli.http import Handler, guarded, json_errors, json_response, read_json
 from polar_cli.models import TaskRequest, validate_model
 from polar_cli.models.service import HeartbeatBody, RegisterBody, SessionResultBody
 from polar_cli.server.service import RolloutServer
+from polar_cli.web.auth import guarded
+from polar_cli.web.body import read_json
+from polar_cli.web.errors import Handler, json_errors, json_response
 
 MAX_BODY_MB = 256
 

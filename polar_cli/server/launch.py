@@ -22,16 +22,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from polar_cli.errors import ProxyError
 from polar_cli.gateway.agent import GatewayAgent
 from polar_cli.gateway.node import GatewayConfig, GatewayNode
-from polar_cli.http import new_token
-from polar_cli.proxy.server import listen_url
 from polar_cli.server.app import create_app
 from polar_cli.server.config import ServeConfig
 from polar_cli.server.service import RolloutServer
+from polar_cli.web.auth import new_token
+from polar_cli.web.listen import listen
 
 INFO_FILE = "serve.json"
 
@@ -75,17 +72,6 @@ def _write_private(path: Path, text: str) -> None:
         fh.write(text)
 
 
-async def _listen(app: web.Application, host: str, port: int, stack: contextlib.AsyncExitStack) -> int:
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as exc:
-        raise ProxyError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return int(runner.addresses[0][1])
-
-
 async def serve(
     config: ServeConfig,
     on_ready: Callable[[ServeInfo], None] | None = None,
@@ -102,8 +88,9 @@ async def serve(
     async with contextlib.AsyncExitStack() as stack:
         if config.role in ("all", "server"):
             server = await stack.enter_async_context(RolloutServer(config.server))
-            port = await _listen(create_app(server), config.server.host, config.server.port, stack)
-            info.url, info.token = listen_url(config.server.host, port), server.token
+            listener = await listen(create_app(server), config.server.host, config.server.port)
+            stack.push_async_callback(listener.close)
+            info.url, info.token = listener.url, server.token
             if config.role == "all":
                 agent_config = agent_config.model_copy(update={"server_url": info.url, "server_token": server.token})
         if config.role in ("all", "gateway"):

@@ -22,10 +22,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from polar_cli.http import app_runner
 from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
+from polar_cli.web.listen import Listener, listen
 
 T = TypeVar("T")
 
@@ -62,7 +62,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="polar-test-loop", daemon=True)
         self._thread.start()
-        self._runners: list[web.AppRunner] = []
+        self._listeners: list[Listener] = []
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the loop and wait for it."""
@@ -72,18 +72,15 @@ class LoopThread:
         """Serve ``app`` and return its base URL."""
 
         async def start() -> str:
-            runner = app_runner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            self._runners.append(runner)
-            host, port = runner.addresses[0][:2]
-            return f"http://{host}:{port}"
+            listener = await listen(app, "127.0.0.1", 0)
+            self._listeners.append(listener)
+            return listener.url
 
         return self.run(start())
 
     def close(self) -> None:
-        for runner in reversed(self._runners):
-            self.run(runner.cleanup())
+        for listener in reversed(self._listeners):
+            self.run(listener.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()

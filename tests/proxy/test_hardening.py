@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from polar_cli.errors import brief
-from polar_cli.http import _Framing, _split_request_line
-from polar_cli.proxy.app import MAX_JSON_DEPTH
+from polar_cli.web.body import MAX_JSON_DEPTH
+from polar_cli.web.parser_errors import _Framing, _split_request_line
 
 from .conftest import ProxySession, RunningProxy
 

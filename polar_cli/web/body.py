@@ -1,0 +1,104 @@
+"""The one request-body reader of every route Polar serves (the proxy's provider and control routes, a gateway's
+routes, the rollout server's routes), with one set of limits:
+
+- size: at most the app's ``client_max_size`` (the proxy and a gateway: ``max_body_mb``; the rollout server:
+  ``polar_cli.server.app.MAX_BODY_MB``), else a 413: refused before a byte is read when ``Content-Length`` says so,
+  else once the limit is read;
+- framing and encoding: a body its ``Content-Encoding`` does not match (``gzip`` on plain JSON) or bad chunked
+  framing is a 400 (the connection closes after the answer: nothing after such a body can be parsed);
+- JSON: valid, and nested at most :data:`MAX_JSON_DEPTH` arrays/objects deep, else a 400. orjson writes at most 255
+  levels, and what a route accepts is written back a few levels down (the journal embeds a provider body, a session
+  summary its metadata, a result its task): anything accepted can be written back, so nothing accepted can make a
+  later read of it fail.
+
+Bodies of :data:`OFFLOAD_BYTES` or more are parsed and checked in a worker thread, so the event loop keeps serving.
+Every refusal is a ProtocolError (400) or BodyTooLargeError (413): each route answers it in its own error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from polar_cli.errors import BodyTooLargeError, ProtocolError
+
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of arrays/objects a request body may have (the body itself is level 1)."""
+OFFLOAD_BYTES = 256 * 1024
+"""Bodies at least this large are parsed and checked in a worker thread."""
+
+
+def too_deep(value: Any) -> bool:
+    """True when ``value`` nests arrays/objects deeper than MAX_JSON_DEPTH (a walk over containers only: a few
+    microseconds for a chat body; the value itself counts as level 1)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        inner = [child for child in children if isinstance(child, dict | list)]
+        if inner:
+            if depth >= MAX_JSON_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in inner)
+    return False
+
+
+def _prefix(source: str | None) -> str:
+    return f"{source}: " if source else ""
+
+
+def parse_json(raw: bytes, *, source: str | None = None) -> Any:
+    """``raw`` as JSON, only if it can be written back (nesting within MAX_JSON_DEPTH); else a ProtocolError naming
+    ``source`` (e.g. ``"POST /sessions"``) when given."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"{_prefix(source)}request body is not valid JSON: {str(exc)[:200]}") from exc
+    if isinstance(value, dict | list) and too_deep(value):
+        raise ProtocolError(f"{_prefix(source)}request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+async def read_raw(request: web.Request, *, source: str | None = None) -> bytes:
+    """The request's body bytes, decoded as its ``Content-Encoding`` says, within the app's size limit."""
+    limit = request.client_max_size
+    too_large = f"{_prefix(source)}request body is larger than this server's limit of {limit / (1 << 20):g} MiB"
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLargeError(too_large)  # refused before reading a byte of it
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLargeError(too_large) from exc
+    except (RequestPayloadError, HttpProcessingError) as exc:  # bad chunking, a body its Content-Encoding is not
+        raise ProtocolError(f"{_prefix(source)}cannot read the request body: {str(exc)[:200]}") from exc
+
+
+async def _parse(raw: bytes, source: str | None) -> Any:
+    if len(raw) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(parse_json, raw, source=source)
+    return parse_json(raw, source=source)
+
+
+async def read_json(request: web.Request, *, source: str | None = None, default: Any = None) -> Any:
+    """The request body as JSON (any JSON value: the route's model checks its type). An empty body is ``default``
+    when one is given, else a 400 naming ``source``."""
+    raw = await read_raw(request, source=source)
+    if not raw.strip():
+        if default is not None:
+            return default
+        raise ProtocolError(f"{_prefix(source)}the request body is empty (expected JSON)")
+    return await _parse(raw, source)
+
+
+async def read_object(request: web.Request) -> tuple[dict[str, Any], bytes]:
+    """The request body as a JSON object, and its bytes (a provider route journals them as sent)."""
+    raw = await read_raw(request)
+    body = await _parse(raw, None) if raw else None
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return body, raw
