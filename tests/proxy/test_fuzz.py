@@ -103,6 +103,17 @@ def deep(depth: int) -> bytes:
     return b'{"model": "m", "messages": ' + b"[" * depth + b"]" * depth + b"}"
 
 
+def content_headers(draw: st.DrawFn, raw: bytes) -> tuple[dict[str, str], bytes]:
+    """A Content-Type, and a Content-Encoding or none: mostly one the body does not have, sometimes real gzip."""
+    headers = {"Content-Type": draw(st.sampled_from(["application/json", "text/plain", "application/x-www-form"]))}
+    encoding = draw(st.sampled_from([None, None, None, "gzip", "deflate", "br", "zstd", "bogus", "gzip-real"]))
+    if encoding == "gzip-real":
+        raw, encoding = gzip.compress(raw), "gzip"
+    if encoding:
+        headers["Content-Encoding"] = encoding
+    return headers, raw
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
     tail = draw(st.sampled_from(sorted(ENDPOINTS)))
@@ -116,12 +127,7 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
         raw = draw(st.binary(max_size=64))
     else:
         raw = orjson.dumps(ENDPOINTS[tail][1])[: draw(st.integers(0, 40))]
-    headers = {"Content-Type": draw(st.sampled_from(["application/json", "text/plain", "application/x-www-form"]))}
-    encoding = draw(st.sampled_from([None, None, None, "gzip", "deflate", "br", "zstd", "bogus", "gzip-real"]))
-    if encoding == "gzip-real":
-        raw, encoding = gzip.compress(raw), "gzip"
-    if encoding:
-        headers["Content-Encoding"] = encoding
+    headers, raw = content_headers(draw, raw)
     return method, tail, headers, raw
 
 

@@ -10,7 +10,6 @@ randomness (as tests/proxy/test_fuzz.py does for the provider routes):
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polar_cli.server.store import failed_result
-from tests.proxy.test_fuzz import fuzz_settings, mutated
+from tests.proxy.test_fuzz import content_headers, fuzz_settings, mutated
 from tests.proxy.test_hardening import provider_of
 
 from .conftest import Served, shell_task
@@ -113,12 +112,7 @@ def control_requests(draw: st.DrawFn, served: Served) -> tuple[str, str, dict[st
         raw = json.dumps(base).encode()[: draw(st.integers(0, 40))]
     else:
         raw = b""
-    headers = {"Content-Type": draw(st.sampled_from(["application/json", "text/plain", "application/x-www-form"]))}
-    encoding = draw(st.sampled_from([None, None, None, "gzip", "deflate", "br", "zstd", "bogus", "gzip-real"]))
-    if encoding == "gzip-real":
-        raw, encoding = gzip.compress(raw), "gzip"
-    if encoding:
-        headers["Content-Encoding"] = encoding
+    headers, raw = content_headers(draw, raw)
     auth = draw(st.sampled_from(["token", "token", "token", "token", "none", "wrong", "odd"]))
     if auth != "none":
         secret = {"server": served.token, "node": NODE_TOKEN}[token]
