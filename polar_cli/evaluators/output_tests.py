@@ -134,7 +134,6 @@ def score(config: OutputTestConfig, outcomes: dict[str, str]) -> tuple[float, di
 class OutputTestEvaluator(Evaluator):
     name: ClassVar[str] = "test_on_output"
     description: ClassVar[str] = "run the task's test command in the runtime; score by exit code or expected tests"
-    needs_runtime: ClassVar[bool] = True
 
     def check_config(self, config: Mapping[str, Any]) -> None:
         validate_model(OutputTestConfig, dict(config), source="evaluator.config (test_on_output)")

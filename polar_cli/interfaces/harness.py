@@ -17,12 +17,10 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from polar_cli.errors import HarnessError
 from polar_cli.interfaces.base import Component
-
-ProviderFamily = Literal["openai", "anthropic", "google"]
 
 
 @dataclass(frozen=True)

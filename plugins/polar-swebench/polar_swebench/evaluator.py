@@ -132,7 +132,6 @@ class SwebenchHarnessEvaluator(Evaluator):
 
     name: ClassVar[str] = NAME
     description: ClassVar[str] = "SWE-bench harness: apply the agent's patch, run FAIL_TO_PASS/PASS_TO_PASS tests"
-    needs_runtime: ClassVar[bool] = True
 
     def check_config(self, config: Mapping[str, Any]) -> None:
         parsed = parse_config(config)
