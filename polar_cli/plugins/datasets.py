@@ -11,7 +11,7 @@ from polar_cli.config import read_data_file
 from polar_cli.datasets.demo import DemoDataset
 from polar_cli.datasets.hf import HFDataset
 from polar_cli.errors import ConfigError
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterDataset, hookimpl
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 
@@ -55,7 +55,7 @@ class TaskFileDataset(Dataset):
 
 
 @hookimpl
-def register_datasets(register: Register) -> None:
+def register_datasets(register: RegisterDataset) -> None:
     register(TaskFileDataset())
     register(DemoDataset())
     register(HFDataset())

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from polar_cli.harnesses.npm import NpmHarness, dump_json
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterHarness, hookimpl
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
 MODEL_VARIABLES = (
@@ -78,5 +78,5 @@ class ClaudeCodeHarness(NpmHarness):
 
 
 @hookimpl
-def register_harnesses(register: Register) -> None:
+def register_harnesses(register: RegisterHarness) -> None:
     register(ClaudeCodeHarness())

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from polar_cli.harnesses.npm import NpmHarness, deep_merge
 from polar_cli.harnesses.toml import dumps as toml_dumps
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterHarness, hookimpl
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
 
 KEY_VARIABLE = "POLAR_API_KEY"
@@ -66,5 +66,5 @@ class CodexHarness(NpmHarness):
 
 
 @hookimpl
-def register_harnesses(register: Register) -> None:
+def register_harnesses(register: RegisterHarness) -> None:
     register(CodexHarness())
