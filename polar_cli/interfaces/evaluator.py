@@ -80,9 +80,6 @@ class Evaluator(Component):
 
     kind: ClassVar[str] = "evaluator"
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Raise ConfigError naming the field when ``config`` is invalid (called when a session is created)."""
-
     @abstractmethod
     async def evaluate(self, context: EvaluationContext) -> EvaluationResult:
         """Score one session; raise EvaluationError when it cannot be scored."""

@@ -30,10 +30,10 @@ class TaskFileDataset(Dataset):
     options = TaskFileOptions
 
     def tasks(self, **config: Any) -> Iterator[TaskRequest]:
-        raw_path = config.get("path")
-        if not raw_path:
+        options: TaskFileOptions = self.parse_config(config)
+        if not options.path:
             raise ConfigError("dataset 'tasks_file' needs config 'path'")
-        path = Path(raw_path)
+        path = Path(options.path)
         if path.suffix.lower() == ".jsonl":
             try:
                 lines = path.read_text(encoding="utf-8").splitlines()

@@ -18,7 +18,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
@@ -31,6 +33,7 @@ from polar_cli.interfaces.runtime import (
     RuntimeProcess,
     Stream,
 )
+from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
 from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, open_dirs_for_container_users, read_pid
 from polar_cli.runtimes.process import OutputQueue
@@ -40,9 +43,19 @@ LABEL_SESSION = "polar.session"
 LABEL_RUNTIME = "polar.runtime"
 LABEL_OWNER = "polar.owner"
 LABEL_SCRATCH = "polar.scratch"
-CONFIG_KEYS = {"pull", "user", "init", "command"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 T = TypeVar("T")
+
+
+class DockerOptions(StrictModel):
+    """``RuntimeSpec.config`` of ``docker``."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # user: 1000
+
+    pull: Literal["missing", "never", "always"] = Field(default="missing", description="when to pull the image")
+    user: str | None = Field(default=None, description="the container's user (name, uid or uid:gid)")
+    init: bool = Field(default=True, description="run docker's init as PID 1")
+    command: list[str] | None = Field(default=None, description="argv of the keep-alive process")
 
 
 def docker_client() -> Any:
@@ -290,18 +303,6 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _check_spec(spec: RuntimeSpec) -> dict[str, Any]:
-    if not spec.image:
-        raise ConfigError("runtime 'docker' needs 'image'")
-    unknown = sorted(set(spec.config) - CONFIG_KEYS)
-    if unknown:
-        known = ", ".join(sorted(CONFIG_KEYS))
-        raise ConfigError(f"runtime 'docker': unknown config {', '.join(unknown)} (known: {known})")
-    if spec.config.get("pull", "missing") not in ("missing", "never", "always"):
-        raise ConfigError("runtime 'docker': config pull must be missing, never or always")
-    return spec.config
-
-
 def _check_mounts(spec: RuntimeSpec) -> None:
     """The host side of the spec, checked where the container starts."""
     for mount in spec.mounts:
@@ -313,21 +314,26 @@ class DockerRuntime(Runtime):
     name: ClassVar[str] = "docker"
     description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
 
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        _check_spec(spec)
+    options: ClassVar[type[BaseModel]] = DockerOptions
+
+    def check_spec(self, spec: RuntimeSpec) -> DockerOptions:
+        if not spec.image:
+            raise ConfigError("runtime 'docker' needs 'image'")
+        options: DockerOptions = super().check_spec(spec)
+        return options
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> DockerHandle:
-        config = _check_spec(spec)
+        options = self.check_spec(spec)
         _check_mounts(spec)
         client = await asyncio.to_thread(docker_client)
-        image = await self._image(client, str(spec.image), config.get("pull", "missing"))
+        image = await self._image(client, str(spec.image), options.pull)
         scratch = await asyncio.to_thread(Scratch.create, context.session_id, "docker", context.scratch_root)
         open_dirs_for_container_users(scratch)
         handle = DockerHandle(scratch, context, client, spec.workdir or SESSION_PATH)
         handle.image_id = image.id
         try:
             handle.container = await call("container create", client.containers.create, **self._create_args(
-                spec, context, handle, image, config))  # fmt: skip
+                spec, context, handle, image, options))  # fmt: skip
             await call("container start", handle.container.start)
         except BaseException:
             await handle.cancel()
@@ -346,7 +352,7 @@ class DockerRuntime(Runtime):
         return await call(f"pull of {image!r}", client.images.pull, image)
 
     def _create_args(
-        self, spec: RuntimeSpec, context: RuntimeContext, handle: DockerHandle, image: Any, config: dict[str, Any]
+        self, spec: RuntimeSpec, context: RuntimeContext, handle: DockerHandle, image: Any, options: DockerOptions
     ) -> dict[str, Any]:
         image_env = dict(e.split("=", 1) for e in (image.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
         env = {**context.env, **spec.env}
@@ -358,7 +364,7 @@ class DockerRuntime(Runtime):
             volumes[mount.source] = {"bind": mount.target, "mode": "ro" if mount.read_only else "rw"}
         args: dict[str, Any] = {
             "image": image.id,
-            "command": list(config.get("command") or ["sleep", "infinity"]),
+            "command": options.command or ["sleep", "infinity"],
             "name": f"polar-{handle.scratch.root.name}",
             "labels": {
                 LABEL_SESSION: context.session_id,
@@ -370,15 +376,15 @@ class DockerRuntime(Runtime):
             "working_dir": handle.workdir,
             "network_mode": spec.network or "host",
             "volumes": volumes,
-            "init": bool(config.get("init", True)),
+            "init": options.init,
             "detach": True,
         }
         if spec.cpus is not None:
             args["nano_cpus"] = int(spec.cpus * 1e9)
         if spec.memory is not None:
             args["mem_limit"] = spec.memory
-        if config.get("user"):
-            args["user"] = str(config["user"])
+        if options.user:
+            args["user"] = options.user
         return args
 
     async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:

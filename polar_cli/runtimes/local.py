@@ -20,7 +20,9 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, Field
 
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
@@ -33,13 +35,19 @@ from polar_cli.interfaces.runtime import (
     RuntimeHandle,
     RuntimeProcess,
 )
+from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
 from polar_cli.runtimes.files import copy_path, under, write_bytes
 from polar_cli.runtimes.process import POLL_SECONDS, HostProcess
 from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
 
-ISOLATION_MODES = ("auto", "namespace", "none")
-CONFIG_KEYS = {"isolation"}
+
+class LocalOptions(StrictModel):
+    """``RuntimeSpec.config`` of ``local``."""
+
+    isolation: Literal["auto", "namespace", "none"] = Field(
+        default="auto", description="namespace: a private mount namespace per command; auto: that when it works"
+    )
 
 # Runs as `sh -c NS_SCRIPT polar-ns ROOT PARENT CWD ARGV...` inside `unshare --mount`: hide every session's scratch
 # under a tmpfs, then bind this session's root back (via the still-open cwd: /proc/self/cwd, not canonicalized).
@@ -201,11 +209,22 @@ class LocalRuntime(Runtime):
     name: ClassVar[str] = "local"
     description: ClassVar[str] = "host processes in a private session dir and home (mount-namespace isolated)"
 
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        _check_spec(spec)
+    options: ClassVar[type[BaseModel]] = LocalOptions
+
+    def check_spec(self, spec: RuntimeSpec) -> LocalOptions:
+        unsupported = [name for name in ("image", "cpus", "memory") if getattr(spec, name) is not None]
+        if spec.mounts:
+            unsupported.append("mounts")
+        if spec.network not in (None, "host"):
+            unsupported.append("network")
+        if unsupported:
+            fields = ", ".join(unsupported)
+            raise ConfigError(f"runtime 'local' cannot honour {fields}: use backend 'docker' or 'apptainer'")
+        options: LocalOptions = super().check_spec(spec)
+        return options
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> LocalHandle:
-        isolation = _check_spec(spec)
+        isolation = self.check_spec(spec).isolation
         scratch = await asyncio.to_thread(Scratch.create, context.session_id, "local", context.scratch_root)
         chosen = "none" if isolation == "none" else "namespace"
         handle = LocalHandle(scratch, spec, context, chosen)
@@ -235,22 +254,3 @@ class LocalRuntime(Runtime):
             removed.append(str(root))
         return removed
 
-
-def _check_spec(spec: RuntimeSpec) -> str:
-    unsupported = [name for name in ("image", "cpus", "memory") if getattr(spec, name) is not None]
-    if spec.mounts:
-        unsupported.append("mounts")
-    if spec.network not in (None, "host"):
-        unsupported.append("network")
-    if unsupported:
-        fields = ", ".join(unsupported)
-        raise ConfigError(f"runtime 'local' cannot honour {fields}: use backend 'docker' or 'apptainer'")
-    config: dict[str, Any] = spec.config
-    unknown = sorted(set(config) - CONFIG_KEYS)
-    if unknown:
-        known = ", ".join(sorted(CONFIG_KEYS))
-        raise ConfigError(f"runtime 'local': unknown config {', '.join(unknown)} (known: {known})")
-    isolation = config.get("isolation", "auto")
-    if isolation not in ISOLATION_MODES:
-        raise ConfigError(f"runtime 'local': config isolation must be one of {', '.join(ISOLATION_MODES)}")
-    return str(isolation)

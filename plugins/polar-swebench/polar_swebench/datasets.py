@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from polar_cli import hf_hub
 from polar_cli.errors import ConfigError, PolarError
@@ -134,12 +134,10 @@ class SweDataset(Dataset):
 
     hub_id: ClassVar[str]
     split: ClassVar[str]
+    options: ClassVar[type[BaseModel]] = SweDatasetConfig
 
     def instance_of(self, row: dict[str, Any], source: str) -> SweInstance:
         return load_instance(row, source=source)
-
-    def config(self, **config: Any) -> SweDatasetConfig:
-        return validate_model(SweDatasetConfig, config, source=f"dataset {self.name!r}")
 
     def rows(self, config: SweDatasetConfig) -> Iterator[dict[str, Any]]:
         split = config.split or self.split
@@ -148,7 +146,7 @@ class SweDataset(Dataset):
         return hub_rows(config.hub_id or self.hub_id, split, self.name)
 
     def tasks(self, **raw: Any) -> Iterator[TaskRequest]:
-        config = self.config(**raw)
+        config: SweDatasetConfig = self.parse_config(raw)
         wanted = set(config.instance_ids) if config.instance_ids else None
         count = 0
         for number, row in enumerate(self.rows(config)):
