@@ -27,18 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
-    KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
-    Runtime,
     RuntimeContext,
     RuntimeProcess,
 )
 from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, read_pid
+from polar_cli.runtimes.base import terminate_all
+from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, ContainerRuntime, read_pid
 from polar_cli.runtimes.process import HostProcess
-from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
+from polar_cli.runtimes.scratch import Scratch
 
 
 class ApptainerOptions(StrictModel):
@@ -180,41 +179,22 @@ class ApptainerHandle(ContainerHandle):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(killer.wait(), 30)
 
-    async def _shutdown(self, grace: float) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            live = [p for p in self._processes if p.process.returncode is None]
-            await asyncio.gather(*(p.terminate(grace) for p in live), return_exceptions=True)
-            if self.instance is not None:
-                await asyncio.to_thread(self.instance.stop, timeout=max(1, int(grace)), quiet=True)
-        finally:
-            await asyncio.to_thread(self.scratch.remove)
-
-    async def cancel(self) -> None:
-        await self._shutdown(0.0)
-
-    async def stop(self) -> None:
-        await self._shutdown(KILL_GRACE_SECONDS)
+    async def release(self, grace: float) -> None:
+        await terminate_all(self._processes, grace)
+        if self.instance is not None:
+            await asyncio.to_thread(self.instance.stop, timeout=max(1, int(grace)), quiet=True)
 
 
-class ApptainerRuntime(Runtime):
+class ApptainerRuntime(ContainerRuntime):
     name: ClassVar[str] = "apptainer"
     description: ClassVar[str] = "one rootless Apptainer instance per session (needs the apptainer extra)"
-
     options: ClassVar[type[BaseModel]] = ApptainerOptions
-
-    def check_spec(self, spec: RuntimeSpec) -> ApptainerOptions:
-        if not spec.image:
-            raise ConfigError("runtime 'apptainer' needs 'image' (a .sif path or a URI such as docker://...)")
-        options: ApptainerOptions = super().check_spec(spec)
-        return options
+    image_hint: ClassVar[str] = " (a .sif path or a URI such as docker://...)"
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> ApptainerHandle:
-        config = self.check_spec(spec)
+        config: ApptainerOptions = self.check_spec(spec)
         binary = find_binary(config.binary)
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "apptainer", context.scratch_root)
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
         handle = ApptainerHandle(scratch, context, spec, binary)
         try:
             options = handle.start_options(spec, config, context)
@@ -229,13 +209,7 @@ class ApptainerRuntime(Runtime):
             raise
         return handle
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        removed = []
-        for root in leftovers("apptainer", scratch_root, everything=everything):
-            with contextlib.suppress(RuntimeFailure):
-                binary = find_binary()
-                instance = make_instance("", instance_name(Scratch(root)), binary)
-                await asyncio.to_thread(instance.stop, timeout=1, quiet=True)
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+    async def release_leftover(self, root: Path) -> None:
+        with contextlib.suppress(RuntimeFailure):
+            instance = make_instance("", instance_name(Scratch(root)), find_binary())
+            await asyncio.to_thread(instance.stop, timeout=1, quiet=True)

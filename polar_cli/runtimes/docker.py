@@ -28,16 +28,21 @@ from polar_cli.interfaces.runtime import (
     KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
-    Runtime,
     RuntimeContext,
     RuntimeProcess,
     Stream,
 )
 from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, open_dirs_for_container_users, read_pid
+from polar_cli.runtimes.container import (
+    KILL_SCRIPT,
+    ContainerHandle,
+    ContainerRuntime,
+    open_dirs_for_container_users,
+    read_pid,
+)
 from polar_cli.runtimes.process import OutputQueue
-from polar_cli.runtimes.scratch import Scratch, leftovers, owner_alive, remove_tree
+from polar_cli.runtimes.scratch import Scratch, owner_alive, remove_tree
 
 LABEL_SESSION = "polar.session"
 LABEL_RUNTIME = "polar.runtime"
@@ -253,30 +258,28 @@ class DockerHandle(ContainerHandle):
         with contextlib.suppress(RuntimeFailure):
             await call("kill", self.container.exec_run, ["/bin/sh", "-c", KILL_SCRIPT, "sh", sig, str(pid)])
 
-    async def _shutdown(self, grace: float) -> None:
-        if self.closed:
+    async def release(self, grace: float) -> None:
+        if self.container is None:
             return
-        self.closed = True
+        if grace > 0:
+            with contextlib.suppress(RuntimeFailure):
+                await call("stop", self.container.stop, timeout=int(max(1, grace)))
         try:
-            if self.container is not None:
-                if grace > 0:
-                    with contextlib.suppress(RuntimeFailure):
-                        await call("stop", self.container.stop, timeout=int(max(1, grace)))
-                try:
-                    await call("remove", self.container.remove, force=True, v=True)
-                except RuntimeFailure as exc:
-                    if not _is_not_found(exc):
-                        raise
-        finally:
+            await call("remove", self.container.remove, force=True, v=True)
+        except RuntimeFailure as exc:
+            if not _is_not_found(exc):
+                raise
+
+    async def remove_scratch(self) -> None:
+        try:
             try:
-                try:
-                    await asyncio.to_thread(self.scratch.remove)
-                except PermissionError:
-                    await self._hand_back_files()
-                    await asyncio.to_thread(self.scratch.remove)
-            finally:
-                with contextlib.suppress(Exception):
-                    self.client.close()
+                await super().remove_scratch()
+            except PermissionError:
+                await self._hand_back_files()
+                await super().remove_scratch()
+        finally:
+            with contextlib.suppress(Exception):
+                self.client.close()
 
     async def _hand_back_files(self) -> None:
         """Files the container's root wrote cannot be deleted by a non-root host user: chown them back first."""
@@ -292,12 +295,6 @@ class DockerHandle(ContainerHandle):
             remove=True,
         )
 
-    async def cancel(self) -> None:
-        await self._shutdown(0.0)
-
-    async def stop(self) -> None:
-        await self._shutdown(KILL_GRACE_SECONDS)
-
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -310,24 +307,17 @@ def _check_mounts(spec: RuntimeSpec) -> None:
             raise ConfigError(f"runtime 'docker': mount source {mount.source!r} must be an existing absolute path")
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
     description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
-
     options: ClassVar[type[BaseModel]] = DockerOptions
 
-    def check_spec(self, spec: RuntimeSpec) -> DockerOptions:
-        if not spec.image:
-            raise ConfigError("runtime 'docker' needs 'image'")
-        options: DockerOptions = super().check_spec(spec)
-        return options
-
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> DockerHandle:
-        options = self.check_spec(spec)
+        options: DockerOptions = self.check_spec(spec)
         _check_mounts(spec)
         client = await asyncio.to_thread(docker_client)
         image = await self._image(client, str(spec.image), options.pull)
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "docker", context.scratch_root)
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
         open_dirs_for_container_users(scratch)
         handle = DockerHandle(scratch, context, client, spec.workdir or SESSION_PATH)
         handle.image_id = image.id
@@ -408,7 +398,4 @@ class DockerRuntime(Runtime):
                         await asyncio.to_thread(remove_tree, Path(scratch))
         finally:
             client.close()
-        for root in leftovers("docker", scratch_root, everything=everything):
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+        return removed + await super().cleanup(everything=everything, scratch_root=scratch_root)
