@@ -41,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "polar_cli.plugins.harnesses",
     "polar_cli.plugins.evaluators",
     "polar_cli.plugins.builders",
+    "polar_cli.plugins.commands",
 )
 
 # category -> (hook name, interface)
