@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_cli.hookspecs import RegisterDataset, RegisterEvaluator, hookimpl
+from polar_cli.api import RegisterDataset, RegisterEvaluator, hookimpl
 from polar_swebench.datasets import SkyRLSweGymDataset, SwebenchVerifiedDataset, SweGymDataset, task_for
 from polar_swebench.evaluator import SwebenchHarnessConfig, SwebenchHarnessEvaluator
 from polar_swebench.grading import GradeReport, grade

@@ -23,11 +23,18 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from polar_cli.errors import ConfigError, EvaluationError, PolarError
-from polar_cli.harnesses.run import tail
-from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult, Evaluator
-from polar_cli.interfaces.runtime import ExecResult, RuntimeHandle
-from polar_cli.models import StrictModel
+from polar_cli.api import (
+    ConfigError,
+    EvaluationContext,
+    EvaluationError,
+    EvaluationResult,
+    Evaluator,
+    ExecResult,
+    PolarError,
+    RuntimeHandle,
+    StrictModel,
+    tail,
+)
 from polar_swebench.grading import grade, output_section
 from polar_swebench.instance import SweInstance
 from polar_swebench.patch import DEFAULT_EXCLUDE, DEFAULT_PATCH_COMMAND, GIT_APPLY, PATCH_FALLBACK, filter_patch
