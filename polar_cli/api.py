@@ -95,15 +95,13 @@ from polar_cli.interfaces import (
     HarnessRun,
     InferenceBackend,
     NoOptions,
-    OutputCallback,
     Runtime,
     RuntimeContext,
     RuntimeHandle,
     RuntimeProcess,
-    Stream,
     json_lines,
 )
-from polar_cli.interfaces.runtime import HOME_PATH, KILL_GRACE_SECONDS, SESSION_PATH, TOOLS_PATH
+from polar_cli.interfaces.runtime import HOME_PATH, KILL_GRACE_SECONDS, SESSION_PATH, TOOLS_PATH, OutputCallback, Stream
 from polar_cli.models import (
     AgentSpec,
     BuilderSpec,

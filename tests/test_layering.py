@@ -7,37 +7,34 @@ type-checking-only and function-level ones included, each as the dotted name it 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_PACKAGES = sorted(path for path in REPO.glob("plugins/polar-*/polar_*") if path.is_dir())
 """The import packages of the plugin distributions in this repository (their tests are beside them, not inside)."""
 
 
-@dataclass(frozen=True)
-class Import:
-    path: Path
-    line: int
+class Import(NamedTuple):
+    where: str
+    """``path:line`` of the statement."""
     target: str
     """The dotted name the statement binds: ``from polar_cli.api import Harness`` -> ``polar_cli.api.Harness``."""
-
-    def __str__(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line} imports {self.target}"
 
 
 def imports(path: Path, package: str) -> list[Import]:
     """Every import in the module at ``path`` (in ``package``, which resolves its relative imports)."""
     found = []
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [Import(path, node.lineno, alias.name) for alias in node.names]
+            found += [Import(f"{shown}:{node.lineno}", alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
-            found += [Import(path, node.lineno, f"{base}.{alias.name}") for alias in node.names]
+            found += [Import(f"{shown}:{node.lineno}", f"{base}.{alias.name}") for alias in node.names]
     return found
 
 
@@ -70,7 +67,7 @@ def test_imports_resolve_every_form(tmp_path: Path) -> None:
 def test_plugin_packages_import_only_polar_cli_api() -> None:
     assert [path.name for path in PLUGIN_PACKAGES] == ["polar_claude_code", "polar_codex", "polar_swebench"]
     outside = [
-        str(found)
+        f"{found.where} imports {found.target}"
         for package in PLUGIN_PACKAGES
         for found in package_imports(package)
         if within(found.target, "polar_cli") and not within(found.target, "polar_cli.api")
