@@ -111,7 +111,7 @@ def serve_command(
     model: str | None = typer.Option(None, "--model", help="Upstream model name."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
     script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
-    run_slots: int | None = typer.Option(None, "--run-slots", help="Harnesses running at once on the gateway."),
+    run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Harnesses running at once on the gateway."),
     heartbeat: float | None = typer.Option(None, "--heartbeat-interval", help="Seconds between gateway heartbeats."),
     drain_timeout: float | None = typer.Option(
         None,

@@ -47,7 +47,7 @@ def submit(
     task_file: Annotated[Path, typer.Argument(help="A TaskRequest as YAML or JSON.", show_default=False)],
     server: ServerOption = None,
     token: TokenOption = None,
-    samples: int | None = typer.Option(None, "--samples", help="num_samples: sessions to run."),
+    samples: int | None = typer.Option(None, "--samples", min=1, help="num_samples: sessions to run."),
     task_id: str | None = typer.Option(
         None,
         "--task-id",
