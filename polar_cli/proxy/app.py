@@ -34,6 +34,7 @@ from polar_cli.http import (
     status_for,
 )
 from polar_cli.ids import SESSION_ID_RULE, is_session_id
+from polar_cli.models.chat import ChatRequest, Generation, StreamMode
 from polar_cli.proxy.capture import Delivery, check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
@@ -44,7 +45,6 @@ from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
-from polar_cli.proxy.types import ChatRequest, Generation, StreamMode
 
 log = logging.getLogger("polar.proxy")
 

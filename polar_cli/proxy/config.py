@@ -11,8 +11,8 @@ from pydantic import Field, field_validator
 from polar_cli.errors import ConfigError
 from polar_cli.http import new_token
 from polar_cli.models import StrictModel
+from polar_cli.models.chat import StreamMode
 from polar_cli.proxy.retry import RetryConfig
-from polar_cli.proxy.types import StreamMode
 
 _HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})
 NO_SCRIPT = "the scripted backend has no script to play (docs/scripted-backend.md): give {where}, or use a model: \
