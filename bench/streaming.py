@@ -34,8 +34,7 @@ from aiohttp import web
 from proxy_overhead import free_port  # bench/ is on sys.path when a script here runs
 
 from polar_cli.http import app_runner
-from polar_cli.proxy.app import create_proxy_app
-from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy import ProxyConfig, create_proxy_app
 
 PROMPT_IDS = list(range(1, 513))
 WORD = "Zq"  # every sampled token's text: its first appearance in a body is the first token (TTFT)

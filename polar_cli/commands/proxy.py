@@ -10,8 +10,7 @@ import typer
 
 from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import validate_model
-from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy import ProxyConfig, ProxyState
 
 
 def _ready(state: ProxyState, generated: bool) -> None:
@@ -58,7 +57,7 @@ def proxy(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
-    from polar_cli.proxy.server import serve_proxy
+    from polar_cli.proxy import serve_proxy
 
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)

@@ -20,7 +20,7 @@ from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
 from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import SessionResult, TaskRequest, validate_model
-from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_harness
 
 STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "failed": "red", "cancelled": "magenta"}

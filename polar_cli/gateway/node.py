@@ -52,11 +52,7 @@ from polar_cli.http import (
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionBatchAnswer
-from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
-from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.server import listen_url
-from polar_cli.proxy.sessions import session_options
-from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy import ProxyConfig, ProxyState, create_proxy_app, listen_url, proxy_error_shape, session_options
 
 PROXY_PREFIX = "/proxy"
 BACKEND_CHECK_S = 5.0

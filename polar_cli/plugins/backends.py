@@ -14,8 +14,7 @@ class VllmBackend(InferenceBackend):
     description = "vLLM OpenAI server: exact prompt/response token ids and logprobs (return_token_ids)"
 
     def client(self, **config: Any) -> BackendClient:
-        from polar_cli.proxy.backends.http import HttpBackendConfig
-        from polar_cli.proxy.backends.vllm import VllmClient
+        from polar_cli.proxy import HttpBackendConfig, VllmClient
 
         return VllmClient(validate_model(HttpBackendConfig, config, source="vllm backend"))
 
@@ -25,8 +24,7 @@ class SglangBackend(InferenceBackend):
     description = "SGLang OpenAI server: token ids via return_prompt_token_ids + return_meta_info"
 
     def client(self, **config: Any) -> BackendClient:
-        from polar_cli.proxy.backends.http import HttpBackendConfig
-        from polar_cli.proxy.backends.sglang import SglangClient
+        from polar_cli.proxy import HttpBackendConfig, SglangClient
 
         return SglangClient(validate_model(HttpBackendConfig, config, source="sglang backend"))
 
@@ -36,8 +34,7 @@ class OpenAIBackend(InferenceBackend):
     description = "any OpenAI-compatible server; token ids re-tokenized locally (token_source: retokenized)"
 
     def client(self, **config: Any) -> BackendClient:
-        from polar_cli.proxy.backends.http import HttpBackendConfig
-        from polar_cli.proxy.backends.openai import OpenAICompatClient
+        from polar_cli.proxy import HttpBackendConfig, OpenAICompatClient
 
         return OpenAICompatClient(validate_model(HttpBackendConfig, config, source="openai backend"))
 
@@ -47,7 +44,7 @@ class ScriptedBackend(InferenceBackend):
     description = "replays a per-session script of assistant turns with real chat-template token ids (tests, smoke)"
 
     def client(self, **config: Any) -> BackendClient:
-        from polar_cli.proxy.backends.scripted import ScriptedClient, ScriptedConfig
+        from polar_cli.proxy import ScriptedClient, ScriptedConfig
 
         return ScriptedClient(validate_model(ScriptedConfig, config, source="scripted backend"))
 

@@ -28,7 +28,7 @@ from polar_cli.errors import ProxyError
 from polar_cli.gateway.agent import GatewayAgent
 from polar_cli.gateway.node import GatewayConfig, GatewayNode
 from polar_cli.http import new_token
-from polar_cli.proxy.server import listen_url
+from polar_cli.proxy import listen_url
 from polar_cli.server.app import create_app
 from polar_cli.server.config import ServeConfig
 from polar_cli.server.service import RolloutServer
