@@ -11,6 +11,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar_cli.commands.backend_options import (
+    BackendOption,
+    BackendRetriesOption,
+    BackendTimeoutOption,
+    BackendUrlOption,
+    ModelOption,
+    ScriptOption,
+    StreamModeOption,
+    TokenizerOption,
+    proxy_config,
+    proxy_overrides,
+)
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
@@ -20,7 +32,6 @@ from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
 from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.models import SessionResult, TaskRequest, validate_model
-from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_harness
 
 STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "failed": "red", "cancelled": "magenta"}
@@ -99,16 +110,14 @@ def run(
     ),
     builder: str | None = typer.Option(None, "--builder", help="builder.strategy: prefix_merging, per_request."),
     evaluator: str | None = typer.Option(None, "--evaluator", help="evaluator.strategy."),
-    backend: str = typer.Option("scripted", "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
-    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL."),
-    model: str | None = typer.Option(None, "--model", help="Upstream model name (default: the server's first)."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
-    script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
-    backend_timeout: float | None = typer.Option(None, "--backend-timeout", help="Seconds per backend attempt."),
-    backend_retries: int | None = typer.Option(None, "--backend-retries", min=0, help="Retries of a failed call."),
-    stream_mode: str = typer.Option(
-        "passthrough", "--stream-mode", help="passthrough (vllm streams as it samples) or synthetic (replayed)."
-    ),
+    backend: BackendOption = "scripted",
+    backend_url: BackendUrlOption = None,
+    model: ModelOption = None,
+    tokenizer: TokenizerOption = None,
+    script: ScriptOption = None,
+    backend_timeout: BackendTimeoutOption = None,
+    backend_retries: BackendRetriesOption = None,
+    stream_mode: StreamModeOption = "passthrough",
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
@@ -136,13 +145,11 @@ def run(
         "builder.strategy": builder, "evaluator.strategy": evaluator,
     }  # fmt: skip
     task = build_task(task_file, overrides)
-    proxy_options: dict[str, Any] = {
-        "backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script,
-        "backend_timeout_s": backend_timeout, "stream_mode": stream_mode,
-    }  # fmt: skip
-    if backend_retries is not None:
-        proxy_options["retry"] = {"attempts": backend_retries + 1}
-    proxy = validate_model(ProxyConfig, proxy_options, source="polar run")
+    overrides = proxy_overrides(
+        backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
+        backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+    )  # fmt: skip
+    proxy = proxy_config(overrides, source="polar run")
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
     pipeline = validate_model(
