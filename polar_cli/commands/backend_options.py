@@ -12,32 +12,28 @@ from polar_cli.config import set_dotted
 from polar_cli.models import validate_model
 from polar_cli.proxy import ProxyConfig
 
-BackendOption = Annotated[
+Backend = Annotated[
     str | None, typer.Option("--backend", help="Inference backend: vllm, sglang, openai, scripted (or a plugin).")
 ]
-BackendUrlOption = Annotated[
-    str | None, typer.Option("--backend-url", help="Inference server URL (vllm/sglang/openai).")
-]
-ModelOption = Annotated[
-    str | None, typer.Option("--model", help="Upstream model name (default: the server's first model).")
-]
-TokenizerOption = Annotated[
+BackendUrl = Annotated[str | None, typer.Option("--backend-url", help="Inference server URL (vllm/sglang/openai).")]
+Model = Annotated[str | None, typer.Option("--model", help="Upstream model name (default: the server's first model).")]
+Tokenizer = Annotated[
     str | None, typer.Option("--tokenizer", help="HF tokenizer dir or id (scripted default: demo tokenizer).")
 ]
-ScriptOption = Annotated[
+Script = Annotated[
     str | None, typer.Option("--script", help="Scripted backend: JSON/YAML script file for every session.")
 ]
-BackendTimeoutOption = Annotated[
+BackendTimeout = Annotated[
     float | None,
     typer.Option("--backend-timeout", help="Seconds one backend attempt may take (default 600).", show_default=False),
 ]
-BackendRetriesOption = Annotated[
+BackendRetries = Annotated[
     int | None,
     typer.Option(
         "--backend-retries", min=0, help="Retries of a transient backend failure (default 3).", show_default=False
     ),
 ]
-StreamModeOption = Annotated[
+StreamMode = Annotated[
     str | None,
     typer.Option(
         "--stream-mode",

@@ -13,16 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from polar_cli.commands.backend_options import (
-    BackendOption,
-    BackendRetriesOption,
-    BackendTimeoutOption,
-    BackendUrlOption,
-    StreamModeOption,
-    TokenizerOption,
-    proxy_config,
-    proxy_overrides,
-)
+from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
@@ -94,12 +85,12 @@ def generate_command(
         None, "--server", help="A running polar serve (default: embedded, with the backend options below)."
     ),
     token: str | None = typer.Option(None, "--token", envvar="POLAR_TOKEN", help="--server's token."),
-    backend: BackendOption = "scripted",
-    backend_url: BackendUrlOption = None,
-    tokenizer: TokenizerOption = None,
-    backend_timeout: BackendTimeoutOption = None,
-    backend_retries: BackendRetriesOption = None,
-    stream_mode: StreamModeOption = "passthrough",
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    tokenizer: backend_options.Tokenizer = None,
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
@@ -116,11 +107,11 @@ def generate_command(
         "accept_min_reward": accept_min_reward}, source="polar generate")  # fmt: skip
     target: Any = server
     if server is None:
-        overrides = proxy_overrides(
+        overrides = backend_options.proxy_overrides(
             backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer,
             backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
         )  # fmt: skip
-        proxy = proxy_config(overrides, source="polar generate")
+        proxy = backend_options.proxy_config(overrides, source="polar generate")
         proxy.backend_config()
         slots = run_slots or concurrency
         pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},

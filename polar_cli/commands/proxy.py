@@ -6,18 +6,7 @@ import logging
 
 import typer
 
-from polar_cli.commands.backend_options import (
-    BackendOption,
-    BackendRetriesOption,
-    BackendTimeoutOption,
-    BackendUrlOption,
-    ModelOption,
-    ScriptOption,
-    StreamModeOption,
-    TokenizerOption,
-    proxy_config,
-    proxy_overrides,
-)
+from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.http import CONTROL_TOKEN_ENV, resolve_token
 from polar_cli.proxy import ProxyState, serve_proxy
@@ -38,11 +27,11 @@ def _ready(state: ProxyState, generated: bool) -> None:
 
 
 def proxy(
-    backend: BackendOption = "scripted",
-    backend_url: BackendUrlOption = None,
-    script: ScriptOption = None,
-    tokenizer: TokenizerOption = None,
-    model: ModelOption = None,
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    script: backend_options.Script = None,
+    tokenizer: backend_options.Tokenizer = None,
+    model: backend_options.Model = None,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8787, help="Port to listen on (0: any free port)."),
     journal: str | None = typer.Option(None, "--journal", help="Directory for per-session JSONL journals."),
@@ -52,19 +41,19 @@ def proxy(
         "--control-token",
         help=f"Bearer token the /sessions routes require (default: ${CONTROL_TOKEN_ENV}, else a generated one).",
     ),
-    backend_timeout: BackendTimeoutOption = None,
-    backend_retries: BackendRetriesOption = None,
-    stream_mode: StreamModeOption = "passthrough",
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)
-    overrides = proxy_overrides(
+    overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, script=script, tokenizer=tokenizer, model=model,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
     )  # fmt: skip
-    config = proxy_config(
+    config = backend_options.proxy_config(
         overrides, source="polar proxy", host=host, port=port, journal_dir=journal, public_url=public_url,
         control_token=token,
     )  # fmt: skip

@@ -11,18 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from polar_cli.commands.backend_options import (
-    BackendOption,
-    BackendRetriesOption,
-    BackendTimeoutOption,
-    BackendUrlOption,
-    ModelOption,
-    ScriptOption,
-    StreamModeOption,
-    TokenizerOption,
-    proxy_config,
-    proxy_overrides,
-)
+from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
@@ -110,14 +99,14 @@ def run(
     ),
     builder: str | None = typer.Option(None, "--builder", help="builder.strategy: prefix_merging, per_request."),
     evaluator: str | None = typer.Option(None, "--evaluator", help="evaluator.strategy."),
-    backend: BackendOption = "scripted",
-    backend_url: BackendUrlOption = None,
-    model: ModelOption = None,
-    tokenizer: TokenizerOption = None,
-    script: ScriptOption = None,
-    backend_timeout: BackendTimeoutOption = None,
-    backend_retries: BackendRetriesOption = None,
-    stream_mode: StreamModeOption = "passthrough",
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    model: backend_options.Model = None,
+    tokenizer: backend_options.Tokenizer = None,
+    script: backend_options.Script = None,
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
@@ -145,11 +134,11 @@ def run(
         "builder.strategy": builder, "evaluator.strategy": evaluator,
     }  # fmt: skip
     task = build_task(task_file, overrides)
-    overrides = proxy_overrides(
+    overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
     )  # fmt: skip
-    proxy = proxy_config(overrides, source="polar run")
+    proxy = backend_options.proxy_config(overrides, source="polar run")
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
     pipeline = validate_model(

@@ -99,23 +99,17 @@ def test_polar_proxy_rejects_bad_options() -> None:
     assert result.returncode == 2 and "needs --backend-url" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_polar_proxy_stops_on_sigterm_as_on_ctrl_c(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0", "--journal", str(tmp_path / "journal")]
+def test_polar_proxy_stops_on_sigterm_as_on_ctrl_c() -> None:
+    cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0"]
     env = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_CONTROL_TOKEN": "t"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        match = re.search(r"Polar proxy on (http://\S+)", proc.stdout.readline())
-        assert match
-        created = httpx.post(
-            f"{match.group(1)}/sessions", json={"session_id": "a"}, headers={"Authorization": "Bearer t"}
-        )
-        assert created.status_code == 201
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            url = re.findall(r"Polar proxy on (http://\S+)", proc.stdout.readline())[0]
+            assert httpx.get(f"{url}/sessions", headers={"Authorization": "Bearer t"}).status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        except BaseException:
             proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert "Stopped." in out and "Traceback" not in err
+            raise
+    assert (proc.returncode, "Stopped." in out, "Traceback" in err) == (0, True, False), err
