@@ -69,13 +69,18 @@ _STATUS_ERRORS: dict[int, type[PolarError]] = {
 }
 
 
-def as_task(task: TaskInput) -> TaskRequest:
-    """``task`` as a validated TaskRequest (a path is read as YAML or JSON); a bad field is a ConfigError."""
+def as_task(task: TaskInput, task_id: str | None = None) -> TaskRequest:
+    """``task`` as a validated TaskRequest (a path is read as YAML or JSON), under ``task_id`` when given (a task
+    without an id gets a fresh one); a bad field is a ConfigError."""
     if isinstance(task, TaskRequest):
-        return task
-    if isinstance(task, str | os.PathLike):
-        return load_model_file(TaskRequest, Path(task))
-    return validate_model(TaskRequest, dict(task), source="the submitted task")
+        request = task
+    elif isinstance(task, str | os.PathLike):
+        request = load_model_file(TaskRequest, Path(task))
+    else:
+        request = validate_model(TaskRequest, dict(task), source="the submitted task")
+    if task_id is None:
+        return request
+    return validate_model(TaskRequest, {**request.model_dump(mode="json"), "task_id": task_id}, source="task_id")
 
 
 def resolve_server(url: str | None, token: str | None) -> tuple[str, str | None]:
@@ -141,8 +146,9 @@ def _task_path(task_id: str) -> str:
     return f"/rollout/task/{quote(task_id, safe='')}"
 
 
-def _submit_call(task: TaskInput) -> _Call[SubmitAnswer]:
-    return _Call("POST", "/rollout/task/submit", SubmitAnswer, body=as_task(task).model_dump(mode="json"))
+def _submit_call(task: TaskInput, task_id: str | None) -> _Call[SubmitAnswer]:
+    body = as_task(task, task_id).model_dump(mode="json")
+    return _Call("POST", "/rollout/task/submit", SubmitAnswer, body=body)
 
 
 def _status_call(task_id: str, wait: float | None = None) -> _Call[TaskStatus]:
@@ -228,9 +234,10 @@ class PolarClient(_Base):
             raise _transport_error(self.url, exc) from exc
         return call.read(response)
 
-    def submit(self, task: TaskInput) -> SubmitAnswer:
-        """Submit a task (idempotent per task_id and body; another body under the same id: SessionExistsError)."""
-        return self._send(_submit_call(task))
+    def submit(self, task: TaskInput, *, task_id: str | None = None) -> SubmitAnswer:
+        """Submit a task, under ``task_id`` when given (else its own, else a fresh one). Idempotent per task_id and
+        body (``.created`` is False then); another body under a taken id: SessionExistsError."""
+        return self._send(_submit_call(task, task_id))
 
     def status(self, task_id: str) -> TaskStatus:
         return self._send(_status_call(task_id))
@@ -283,9 +290,10 @@ class AsyncPolarClient(_Base):
             raise _transport_error(self.url, exc) from exc
         return call.read(response)
 
-    async def submit(self, task: TaskInput) -> SubmitAnswer:
-        """Submit a task (idempotent per task_id and body; another body under the same id: SessionExistsError)."""
-        return await self._send(_submit_call(task))
+    async def submit(self, task: TaskInput, *, task_id: str | None = None) -> SubmitAnswer:
+        """Submit a task, under ``task_id`` when given (else its own, else a fresh one). Idempotent per task_id and
+        body (``.created`` is False then); another body under a taken id: SessionExistsError."""
+        return await self._send(_submit_call(task, task_id))
 
     async def status(self, task_id: str) -> TaskStatus:
         return await self._send(_status_call(task_id))

@@ -1,18 +1,20 @@
-"""Running a command's event loop so that SIGTERM (what ``kill`` and schedulers send) stops it exactly like Ctrl-C:
-the main task is cancelled, everything under it unwinds (sessions cancelled, their results kept), and the command
-gets :class:`Interrupted` to say in one line what was kept and how to go on."""
+"""SIGTERM (what ``kill`` and schedulers send) stops a command exactly like Ctrl-C, and the command gets one exception,
+:class:`Interrupted`, to say in one line what was kept and how to go on: ``run_until_stopped`` for a command that runs
+an event loop (its main task is cancelled and everything under it unwinds: sessions cancelled, their results kept),
+``stop_on_signals`` for one that blocks in plain calls (the signal interrupts a blocking socket read)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Interrupted(Exception):
@@ -54,3 +56,19 @@ def run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(guarded())
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise Interrupted(received[0] if received else signal.SIGINT) from None
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGINT raise :class:`Interrupted` in the main thread; the previous handlers come
+    back afterwards."""
+    previous = {signum: signal.signal(signum, _raise) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

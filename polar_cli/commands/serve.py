@@ -44,6 +44,8 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
         if isinstance(gateway, dict):
             gateway.setdefault("port", 0)  # the embedded gateway: any free port unless the file names one
     for dotted, value in flags.items():
+        if value is None:  # not given (and never str(None): a data dir named "None")
+            continue
         if dotted in ("host", "port", "data_dir", "token"):
             targets = {"server": ["server"], "gateway": ["gateway"], "all": ["server", "gateway"]}[base.role]
             if dotted == "port" and base.role == "all":
@@ -83,7 +85,15 @@ def serve_command(
     config_file: Annotated[Path | None, typer.Option("--config", help="A serve topology YAML/JSON.")] = None,
     host: str | None = typer.Option(None, "--host", help="Interface to listen on (default 127.0.0.1)."),
     port: int | None = typer.Option(None, "--port", help="Port (server default 8780; gateway: any free one)."),
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Database, results, journals.")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            help="The server's database, a gateway's results and journals, serve.json (default: polar-data in the "
+            "current directory, or what --config says). Start again with the same one to resume.",
+            show_default=False,
+        ),
+    ] = None,
     token: str | None = typer.Option(
         None,
         "--token",
@@ -101,13 +111,13 @@ def serve_command(
     model: str | None = typer.Option(None, "--model", help="Upstream model name."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
     script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
-    run_slots: int | None = typer.Option(None, "--run-slots", help="Harnesses running at once on the gateway."),
+    run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Harnesses running at once on the gateway."),
     heartbeat: float | None = typer.Option(None, "--heartbeat-interval", help="Seconds between gateway heartbeats."),
     drain_timeout: float | None = typer.Option(
         None,
         "--drain-timeout",
         help="On SIGTERM/Ctrl-C, take no new sessions and wait up to this many seconds for running ones "
-        "(default 0: cancel them at once). A second signal stops at once.",
+        "(default 0: cancel them at once; the server runs them again). A second signal stops at once.",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings."),
 ) -> None:
@@ -142,11 +152,25 @@ def serve_command(
         if current is not None:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-        await serve(config, lambda info: _announce(info, where))
+        await serve(config, lambda info: _announce(info, where), on_drain=_draining)
 
     with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
         asyncio.run(main())
-    typer.echo("Stopped.")
+    typer.echo(stopped_note(config, where), err=True)
+
+
+def _draining(sessions: int, timeout: float) -> None:
+    typer.echo(f"Draining: no new sessions; waiting up to {timeout:g} s for the {sessions} under way "
+               "(signal again to stop now).", err=True)  # fmt: skip
+
+
+def stopped_note(config: ServeConfig, where: Path) -> str:
+    """The one line a stopped ``polar serve`` leaves: what it kept, and how to go on from there."""
+    if config.role == "gateway":
+        return (f"Stopped. Results the server has not acknowledged, and the journals, are kept in {where}; starting "
+                f"again with --data-dir {where} reports them and rejoins as the same node.")  # fmt: skip
+    return (f"Stopped. Tasks, sessions and results are kept in {where}; starting again with --data-dir {where} "
+            "resumes them (sessions that were cut off run again).")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -7,10 +7,11 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 
 from polar_cli.client import PolarClient
+from polar_cli.commands.output import JsonOption, emit_json, stdout_console
 from polar_cli.commands.run import add_result_columns, result_cells, styled
 from polar_cli.commands.submit import ServerOption, TokenOption
 from polar_cli.models import ServiceStatus, TaskStatus
@@ -70,18 +71,18 @@ def status(
     task_id: Annotated[str | None, typer.Argument(help="Show this task's sessions.", show_default=False)] = None,
     server: ServerOption = None,
     token: TokenOption = None,
-    as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Show a rollout server's tasks by state, its nodes (load, health, draining) and pending sessions; or, with a
     TASK_ID, that task's sessions."""
     with PolarClient(server, token) as client:
         answer: TaskStatus | ServiceStatus = client.status(task_id) if task_id else client.service_status()
     if as_json:
-        typer.echo(answer.model_dump_json(indent=2))
+        emit_json(answer)
     elif isinstance(answer, TaskStatus):
-        Console().print(task_table(answer))
+        stdout_console().print(task_table(answer))
     else:
-        Console().print(service_tables(answer))
+        stdout_console().print(service_tables(answer))
 
 
 def register(app: typer.Typer) -> None:

@@ -22,10 +22,12 @@ ATTEMPT_KEY = "polar_attempt"
 
 
 class SubmitAnswer(BaseModel):
-    """``POST /rollout/task/submit``: the task's id and its state (the same answer for the same body again)."""
+    """``POST /rollout/task/submit``: the task's id and its state; ``created`` is False when a task with that id and
+    the same body existed already (nothing new runs: ``status`` is how that task stands or ended)."""
 
     task_id: str
     status: TaskState
+    created: bool = True
 
 
 class NodeLoad(BaseModel):

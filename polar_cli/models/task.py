@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt
@@ -67,10 +68,16 @@ class EvaluatorSpec(StrictModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
-class TaskRequest(StrictModel):
-    """One task, expanded into ``num_samples`` sessions."""
+def new_task_id() -> str:
+    """A fresh task id, ``task-<16 hex digits>``: what a task submitted without one gets."""
+    return f"task-{secrets.token_hex(8)}"
 
-    task_id: str
+
+class TaskRequest(StrictModel):
+    """One task, expanded into ``num_samples`` sessions. Without a ``task_id`` it gets a fresh one each time it is
+    validated, so the same file submitted twice is two tasks; the same ``task_id`` and body again is the same task."""
+
+    task_id: str = Field(default_factory=new_task_id, min_length=1)
     instruction: str
     num_samples: PositiveInt = 1
     timeout_seconds: float = Field(default=1800.0, gt=0)

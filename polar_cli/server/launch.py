@@ -86,12 +86,19 @@ async def _listen(app: web.Application, host: str, port: int, stack: contextlib.
     return int(runner.addresses[0][1])
 
 
-async def serve(config: ServeConfig, on_ready: Callable[[ServeInfo], None] | None = None) -> None:
-    """Run the configured roles until cancelled; everything started is stopped in reverse order."""
+async def serve(
+    config: ServeConfig,
+    on_ready: Callable[[ServeInfo], None] | None = None,
+    *,
+    on_drain: Callable[[int, float], None] | None = None,
+) -> None:
+    """Run the configured roles until cancelled; everything started is stopped in reverse order. ``on_drain(sessions
+    under way, drain_timeout_s)`` is called when a stop starts draining."""
     info = ServeInfo(role=config.role, pid=os.getpid())
     agent_config = config.agent
     server: RolloutServer | None = None
     agent: GatewayAgent | None = None
+    node: GatewayNode | None = None
     async with contextlib.AsyncExitStack() as stack:
         if config.role in ("all", "server"):
             server = await stack.enter_async_context(RolloutServer(config.server))
@@ -123,5 +130,7 @@ async def serve(config: ServeConfig, on_ready: Callable[[ServeInfo], None] | Non
                 current.uncancel()  # this stop is handled by draining; another one cancels the drain
             if server is not None:
                 server.stop_dispatching()
+            if on_drain is not None and node is not None:
+                on_drain(len(node.pipeline.active()), config.drain_timeout_s)
             await agent.drain(config.drain_timeout_s)
             raise

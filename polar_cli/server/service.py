@@ -180,7 +180,7 @@ class RolloutServer:
         submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
         if submitted.created:
             self._dispatch_wake.set()
-        return SubmitAnswer(task_id=submitted.task_id, status=submitted.state)
+        return SubmitAnswer(task_id=submitted.task_id, status=submitted.state, created=submitted.created)
 
     async def status(self, task_id: str, wait: float = 0.0) -> TaskStatus:
         """The TaskStatus; with ``wait``, once the task has ended or ``wait`` seconds have passed."""
@@ -263,7 +263,7 @@ class RolloutServer:
         self._live[node_id] = NodeLive(last_seen=time.monotonic())
         held = set(body.held_results)
         for row in await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id):
-            if row.session_id not in held:
+            if row.session_id not in held and row.session_id not in self._sending:  # a send under way decides
                 await self._requeue(row, f"node {node_id} restarted without the session")
         self._dispatch_wake.set()
         return RegisterAnswer(node_id=node_id, heartbeat_interval_s=self.config.heartbeat_interval_s)
@@ -399,6 +399,18 @@ class RolloutServer:
     async def _send_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         """POST the sessions to their gateway in one call (``POST /sessions/batch``); each session's answer is then
         handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one."""
+        await self._post_and_settle(node_id, sends)
+        await self._requeue_if_dead(node_id, sends)
+
+    async def _requeue_if_dead(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
+        """Sessions that reached a node declared dead while they were being sent (liveness leaves sessions under way
+        to their send): lost there, as the node's other sessions were. A send that failed left nothing to requeue."""
+        live = self._live.get(node_id)
+        if live is not None and live.dead:
+            for row, attempt in sends:
+                await self._requeue(dataclasses.replace(row, attempt=attempt), f"node {node_id} stopped heartbeating")
+
+    async def _post_and_settle(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         if node_id in self._no_batch:
             await asyncio.gather(*(self._send(row, node_id, attempt) for row, attempt in sends))
             return
@@ -473,6 +485,7 @@ class RolloutServer:
             await self._undo(node_id, [(row, attempt)])
         elif not response.is_success:
             await self._settle(row, node_id, attempt, response.status_code, _error_message(response))
+        await self._requeue_if_dead(node_id, [(row, attempt)])
 
     async def _settle(self, row: SessionRow, node_id: str, attempt: int, status: int, message: str) -> None:
         """A session the node refused: a 4xx (the gateway cannot run the task) fails it; anything else (401, 404,
@@ -506,16 +519,26 @@ class RolloutServer:
     # ---- liveness and reconciliation ----------------------------------------------------------------------------
 
     async def _liveness_loop(self) -> None:
+        period = self.config.heartbeat_interval_s / 2
+        checked = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s / 2)
+            await asyncio.sleep(period)
             now = time.monotonic()
+            stalled = now - checked - period
+            checked = now
+            if stalled > period:
+                # This process could not run (its event loop blocked, or the process paused): heartbeats that came
+                # meanwhile wait unread in their sockets. The nodes are not to blame for that time.
+                for live in self._live.values():
+                    live.last_seen += stalled
             for node_id, live in list(self._live.items()):
                 if live.dead or now - live.last_seen <= self.config.dead_after_s:
                     continue
                 live.dead = True
                 log.warning("node %s missed its heartbeats: re-dispatching its sessions", node_id)
                 for row in await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id):
-                    await self._requeue(row, f"node {node_id} stopped heartbeating")
+                    if row.session_id not in self._sending:  # a send under way decides (a failed one: not an attempt)
+                        await self._requeue(row, f"node {node_id} stopped heartbeating")
 
     async def _reconcile(self) -> None:
         """At start: every session the database says a gateway holds is looked up there (the server may have died

@@ -181,11 +181,19 @@ CREATE TABLE IF NOT EXISTS outbox (
     task_id TEXT NOT NULL, session_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,
     delivered_at REAL, last_error TEXT);
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox(delivered_at, next_at);
+CREATE INDEX IF NOT EXISTS outbox_task ON outbox(task_id, kind, delivered_at);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS attempts (
     session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, dispatched_at REAL NOT NULL,
     PRIMARY KEY (session_id, attempt));
 """
+
+
+_NOT_WAITING = (
+    "NOT (o.kind = 'task_status' AND EXISTS (SELECT 1 FROM outbox AS s WHERE s.task_id = o.task_id "
+    "AND s.kind = 'session_result' AND s.delivered_at IS NULL))"
+)
+"""An outbox entry (``o``) that is not a task's status still waiting for one of the task's session results."""
 
 
 class SQLiteStore:
@@ -293,7 +301,10 @@ class SQLiteStore:
             row = db.execute("SELECT digest, state FROM tasks WHERE task_id = ?", (task.task_id,)).fetchone()
             if row is not None:
                 if row["digest"] != digest:
-                    raise SessionExistsError(f"task {task.task_id!r} exists with a different body")
+                    raise SessionExistsError(
+                        f"task {task.task_id!r} exists with a different body: submit this one under another task_id "
+                        "(polar submit --task-id ID), or without one to get a fresh id"
+                    )
                 return Submitted(task.task_id, row["state"], created=False)
             body = orjson.dumps(task.model_dump(mode="json")).decode()
             db.execute(
@@ -638,8 +649,11 @@ class SQLiteStore:
     # ---- trainer callbacks (the outbox) -------------------------------------------------------------------------
 
     def due_callbacks(self, now: float, limit: int = 64) -> list[Callback]:
+        """Undelivered entries whose time has come; a task's ``task_status`` only once every ``session_result`` of
+        the task has been delivered (a task's callbacks end with its status)."""
         rows = self._db.execute(
-            "SELECT * FROM outbox WHERE delivered_at IS NULL AND next_at <= ? ORDER BY next_at, id LIMIT ?",
+            f"SELECT * FROM outbox AS o WHERE delivered_at IS NULL AND next_at <= ? AND {_NOT_WAITING} "
+            "ORDER BY next_at, id LIMIT ?",
             (now, limit),
         )
         return [
@@ -663,7 +677,10 @@ class SQLiteStore:
         return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
 
     def next_callback_at(self) -> float | None:
-        r = self._db.execute("SELECT MIN(next_at) FROM outbox WHERE delivered_at IS NULL").fetchone()
+        """When the next entry is due (a ``task_status`` waiting for its session results is not)."""
+        r = self._db.execute(
+            f"SELECT MIN(next_at) FROM outbox AS o WHERE delivered_at IS NULL AND {_NOT_WAITING}"
+        ).fetchone()
         return None if r[0] is None else float(r[0])
 
     # ---- meta ---------------------------------------------------------------------------------------------------

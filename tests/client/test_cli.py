@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from polar_cli.cli import build_app
+from polar_cli.client import PolarClient
+from polar_cli.errors import SessionError
 from polar_cli.models import ServiceStatus, TaskStatus
 from tests.client.conftest import Served
 from tests.gateway.test_node import task
+from tests.server.procs import waiting_task
 
 WIDE = {"COLUMNS": "200"}
 
@@ -70,3 +78,107 @@ def test_cli_errors_are_one_line(served: Served, tmp_path: Path) -> None:
     invalid = subprocess.run([sys.executable, "-m", "polar_cli", "submit", str(bad), "--server", served.url],
                              capture_output=True, text=True, env=env)  # fmt: skip
     assert invalid.returncode == 2 and "unknown field 'num_sample'" in invalid.stderr
+
+
+def polar(*args: str, served: Served, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``polar ARGS`` in a subprocess (stdout a pipe), the server and token from the environment."""
+    full = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_SERVER": served.url, "POLAR_TOKEN": served.token,
+            **(env or {})}  # fmt: skip
+    full.pop("COLUMNS", None)
+    return subprocess.run([sys.executable, "-m", "polar_cli", *args], capture_output=True, text=True, env=full,
+                          timeout=300)  # fmt: skip
+
+
+def without_id(path: Path, data: dict[str, object]) -> Path:
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "task_id"}))
+    return path
+
+
+def test_submit_task_ids_fresh_named_existing_and_taken(served: Served, tmp_path: Path) -> None:
+    task_file = without_id(tmp_path / "task.json", task("unused", {}).model_dump(mode="json"))
+    first, second = polar("submit", str(task_file), served=served), polar("submit", str(task_file), served=served)
+    ids = [first.stdout.strip(), second.stdout.strip()]
+    assert first.returncode == second.returncode == 0 and ids[0] != ids[1], (first.stderr, second.stderr)
+    assert all(i.startswith("task-") for i in ids)
+    named = polar("submit", str(task_file), "--task-id", "cli-named", "--wait", served=served)
+    assert named.returncode == 0 and named.stdout.splitlines()[0] == "cli-named", named.stderr
+    assert f"submitted cli-named (pending) to {served.url}" in named.stderr
+    again = polar("submit", str(task_file), "--task-id", "cli-named", served=served)
+    assert again.returncode == 0 and again.stdout == "cli-named\n"
+    existed = f"task cli-named already existed on {served.url} with this body: completed, 1 completed, 0 failed of 1"
+    assert again.stderr.strip() == f"{existed}; nothing new runs (--task-id NEW runs it again)"
+    taken = polar("submit", str(task_file), "--task-id", "cli-named", "--samples", "2", served=served)
+    assert taken.returncode == 1 and taken.stdout == "" and len(taken.stderr.strip().splitlines()) == 1
+    assert taken.stderr.startswith("Error: task 'cli-named' exists with a different body: submit this one under")
+    assert "polar submit --task-id ID" in taken.stderr and "HTTP 409" in taken.stderr
+
+
+def test_submit_json_is_one_document_on_stdout(served: Served, tmp_path: Path) -> None:
+    task_file = write_task(tmp_path / "task.json", "cli-json", {})
+    submitted = polar("submit", str(task_file), "--json", served=served)
+    assert submitted.returncode == 0, submitted.stderr
+    answer = json.loads(submitted.stdout)
+    assert answer["task_id"] == "cli-json" and answer["created"] is True and "submitted cli-json" in submitted.stderr
+    waited = polar("submit", str(task_file), "--samples", "2", "--task-id", "cli-json-2", "--wait", "--json",
+                   served=served)  # fmt: skip
+    assert waited.returncode == 0, waited.stderr
+    final = TaskStatus.model_validate(json.loads(waited.stdout))  # the whole of stdout: one document
+    assert (final.task_id, final.state, final.completed, len(final.results)) == ("cli-json-2", "completed", 2, 2)
+    assert "task cli-json-2: completed, 2 completed, 0 failed of 2" in waited.stderr
+    assert "trainable tokens" in waited.stderr  # the summary table is for people: stderr
+
+
+def test_status_tables_are_not_cut_in_a_pipe(served: Served, tmp_path: Path) -> None:
+    task_file = write_task(tmp_path / "task.json", "cli-a-task-id-long-enough-to-need-more-than-eighty-columns", {})
+    assert polar("submit", str(task_file), "--wait", served=served).returncode == 0
+    shown = polar("status", "cli-a-task-id-long-enough-to-need-more-than-eighty-columns", served=served)
+    assert shown.returncode == 0, shown.stderr
+    assert "…" not in shown.stdout and max(len(line) for line in shown.stdout.splitlines()) > 100
+    assert "cli-a-task-id-long-enough-to-need-more-than-eighty-columns-0-" in shown.stdout  # the session id, whole
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_submit_wait_stops_on_a_signal_and_the_task_runs_on(served: Served, tmp_path: Path, stop: int) -> None:
+    task_id = f"cli-stop-{signal.Signals(stop).name}"
+    marker = tmp_path / "go"
+    task_file = without_id(tmp_path / "task.json", waiting_task("unused", 1, marker))
+    env = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_SERVER": served.url, "POLAR_TOKEN": served.token}
+    argv = [sys.executable, "-m", "polar_cli", "submit", str(task_file), "--task-id", task_id, "--wait"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        with PolarClient(served.url, served.token) as client:
+            until_sync(lambda: _running(client, task_id))
+            time.sleep(0.5)  # the command is following it
+            sent = time.monotonic()
+            proc.send_signal(stop)
+            out, err = proc.communicate(timeout=30)
+            took = time.monotonic() - sent
+            assert client.status(task_id).state == "running"  # stopping the command stopped nothing on the server
+    finally:
+        marker.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + stop and took < 5, (proc.returncode, took, err)
+    assert out == f"{task_id}\n" and "Traceback" not in err
+    note = err.strip().splitlines()[-1]
+    follow = f"polar submit {task_file} --task-id {task_id} --wait"
+    assert note == (f"stopped following task {task_id}: it keeps running on the server; `polar status {task_id}` "
+                    f"shows it, `{follow}` follows it again")  # fmt: skip
+    again = polar(*shlex.split(follow)[1:], served=served)  # what the note says, as written
+    assert again.returncode == 0, again.stderr
+    assert f"task {task_id} already existed" in again.stderr and f"task {task_id}: completed" in again.stderr
+
+
+def _running(client: PolarClient, task_id: str) -> bool:
+    try:
+        return client.status(task_id).state == "running"
+    except SessionError:
+        return False
+
+
+def until_sync(check: Callable[[], bool], within: float = 60.0) -> None:
+    end = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)

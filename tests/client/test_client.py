@@ -48,6 +48,36 @@ def test_submit_a_task_file_and_a_mapping(served: Served, tmp_path: Path) -> Non
             client.submit({**task("client-bad", {}).model_dump(), "num_sample": 2})
 
 
+def test_a_task_without_an_id_is_a_new_task_each_time_and_task_id_names_it(served: Served, tmp_path: Path) -> None:
+    data = task("unused", {}).model_dump(mode="json")
+    del data["task_id"]
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with PolarClient(served.url, served.token) as client:
+        first, second = client.submit(path), client.submit(path)
+        assert first.task_id != second.task_id and first.created and second.created
+        assert first.task_id.startswith("task-") and second.task_id.startswith("task-")
+        named = client.submit(path, task_id="client-named")
+        assert (named.task_id, named.created) == ("client-named", True)
+        assert client.wait("client-named").state == "completed"
+        again = client.submit(data, task_id="client-named")  # the same body under the same id: the same task
+        assert (again.task_id, again.status, again.created) == ("client-named", "completed", False)
+        with pytest.raises(SessionExistsError, match="exists with a different body: submit this one under another"):
+            client.submit({**data, "num_samples": 2}, task_id="client-named")
+        with pytest.raises(ConfigError, match="task_id"):
+            client.submit(data, task_id="")
+        assert {client.wait(a.task_id).state for a in (first, second)} == {"completed"}
+
+    async def body() -> tuple[str, bool]:
+        async with AsyncPolarClient(served.url, served.token) as client:
+            answer = await client.submit(path, task_id="client-async-named")
+            await client.wait(answer.task_id)
+            again = await client.submit(path, task_id="client-async-named")
+            return again.task_id, again.created
+
+    assert asyncio.run(body()) == ("client-async-named", False)
+
+
 def test_wait_with_a_timeout_returns_the_running_task_and_cancel_ends_it(served: Served) -> None:
     hang = task("client-hang", {"CALLS": "1", "HANG": "1"}, num_samples=2)
     with PolarClient(served.url, served.token) as client:

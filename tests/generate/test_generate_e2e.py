@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import sqlite3
 import subprocess
@@ -28,6 +27,7 @@ from polar_cli.models import Completion, Trace, Trajectory
 from polar_cli.proxy.journal import read_journal
 from polar_cli.registry import get_harness
 from tests.generate.hub import FakeHub
+from tests.support.readme import polar_commands, readme_block
 
 pytestmark = pytest.mark.harness
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def readme_commands() -> list[list[str]]:
     """The ``polar`` commands of the README's offline-generation block, as written."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Offline generation") :]
-    block = section[section.index("```bash") + len("```bash") :]
-    block = block[: block.index("```")]
-    return [shlex.split(line.split("#")[0]) for line in block.strip().splitlines() if line.startswith("polar ")]
+    return polar_commands(readme_block("Offline generation", "bash"))
 
 
 def polar(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -46,15 +46,20 @@ def serve_config(tmp_path: Path, name: str, **extra: Any) -> Path:
 
 
 class Serve:
-    """One ``polar serve`` subprocess; ``info`` is its ``serve.json``."""
+    """One ``polar serve`` subprocess; ``info`` is its ``serve.json``; its stdout goes to ``serve.log``, its stderr to
+    ``serve.err``. With ``default_data_dir`` it runs in the parent of ``data_dir`` (named ``polar-data``) without
+    ``--data-dir``."""
 
-    def __init__(self, data_dir: Path, *args: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, default_data_dir: bool = False) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.log = (data_dir / "serve.log").open("ab")
-        argv = [sys.executable, "-m", "polar_cli", "serve", "--data-dir", str(data_dir), *args]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=data_dir)
+        self.err = (data_dir / "serve.err").open("ab")
+        where = [] if default_data_dir else ["--data-dir", str(data_dir)]
+        argv = [sys.executable, "-m", "polar_cli", "serve", *where, *args]
+        cwd = data_dir.parent if default_data_dir else data_dir
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.err, env=env, cwd=cwd)
         self.info: dict[str, Any] = {}
 
     async def ready(self, within: float = 60.0) -> dict[str, Any]:
@@ -75,7 +80,13 @@ class Serve:
             await asyncio.sleep(0.05)
 
     def output(self) -> str:
-        return (self.data_dir / "serve.log").read_text(errors="replace")[-3000:]
+        return self.stdout()[-3000:] + self.stderr()[-3000:]
+
+    def stdout(self) -> str:
+        return (self.data_dir / "serve.log").read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return (self.data_dir / "serve.err").read_text(errors="replace")
 
     def kill9(self) -> None:
         self.proc.kill()
@@ -90,6 +101,7 @@ class Serve:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        self.err.close()
 
 
 def gateway(tmp_path: Path, name: str, server: dict[str, Any], config: Path, token: str) -> Serve:
@@ -131,16 +143,23 @@ async def gateway_metrics(url: str, token: str) -> dict[str, Any]:
 
 
 class Receiver:
-    """A trainer's callback listener: records every POST by its Idempotency-Key."""
+    """A trainer's callback listener: records every POST by its Idempotency-Key, and the keys it acknowledged in
+    order. With ``refuse_first``, the first POST of each session result is answered 500 (to be sent again)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, refuse_first: bool = False) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/callback"
+        self.refuse_first = refuse_first
         self.by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.acknowledged: list[str] = []
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.by_key[request.headers["Idempotency-Key"]].append(await request.json())
+        key = request.headers["Idempotency-Key"]
+        self.by_key[key].append(await request.json())
+        if self.refuse_first and key.startswith("session_result:") and len(self.by_key[key]) == 1:
+            return web.json_response({"error": "not now"}, status=500)
+        self.acknowledged.append(key)
         return web.json_response({"ok": True})
 
     async def start(self) -> None:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from aiohttp import web
 
 from polar_cli.models import SessionResult, TaskStatus, Trajectory
 from polar_cli.models.service import SessionBatch
-from tests.server.procs import Serve, client, gateway, serve_config, waiting_task
+from tests.server.procs import Serve, client, gateway, serve_config, until_true, waiting_task
 from tests.server.test_service import finished, one_result_per_sample
 
 
@@ -187,6 +188,97 @@ def test_sessions_a_gateway_refuses_in_a_batch_are_dispatched_again(tmp_path: Pa
         assert by_sample[1].metadata["polar_attempt"] == 1
         assert by_sample[2].metadata["polar_attempt"] == 2
         assert by_sample[0].metadata["polar_attempt"] == 1
+
+    try:
+        asyncio.run(body())
+    finally:
+        server.stop()
+
+
+class HeldGateway(PickyGateway):
+    """A gateway that holds its first batch unanswered until ``release``, then answers it with ``status`` for every
+    session; later batches it takes as PickyGateway does. ``silent`` stops its heartbeats."""
+
+    def __init__(self, server: dict[str, Any], status: int) -> None:
+        super().__init__(server)
+        self.status = status
+        self.release = asyncio.Event()
+        self.silent = False
+
+    async def _heartbeats(self, interval: float) -> None:
+        while True:
+            if not self.silent:
+                load = {"run_slots": 8, "running": len(self.held), "queued": 0, "free_slots": 8}
+                body = {"load": load, "sessions": list(self.held)}
+                with contextlib.suppress(httpx.HTTPError):
+                    await self.http.post(f"/nodes/{self.node_id}/heartbeat", json=body, headers=self._auth(self.token))
+            await asyncio.sleep(interval)
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        if self.batches:
+            return await super()._batch(request)
+        batch = SessionBatch.model_validate_json(await request.read())
+        self.batches.append([(spec.session_id, spec.attempt or 0, self.status == 201) for spec in batch.sessions])
+        await self.release.wait()
+        if self.status == 201:
+            for spec in batch.sessions:
+                self.held[spec.session_id] = (spec.task_id, spec.sample_index, spec.attempt or 1)
+        answers = [{"session_id": spec.session_id, "accepted": self.status == 201, "status": self.status}
+                   for spec in batch.sessions]  # fmt: skip
+        return web.json_response({"sessions": answers})
+
+    async def register_again(self) -> None:
+        """Register as the same node (a restarted gateway), holding no results."""
+        assert self.runner is not None
+        url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        body = {"url": url, "token": self.token, "node_id": self.node_id, "capacity": {"run_slots": 8},
+                "held_results": []}  # fmt: skip
+        answer = await self.http.post("/nodes/register", json=body, headers=self._auth(self.server["token"]))
+        answer.raise_for_status()
+
+
+@pytest.mark.parametrize(
+    ("event", "status", "attempt"),
+    [("dies", 503, 1), ("dies", 201, 2), ("registers again", 503, 1)],
+)
+def test_a_session_being_sent_when_its_node_dies_or_registers_again_counts_only_if_it_got_there(
+    tmp_path: Path, event: str, status: int, attempt: int
+) -> None:
+    """The server declares a node dead (or hears it restarted) while a batch to it is unanswered: the send decides.
+    A send that did not get there (503, or no answer) is not an attempt; one the dead node took is lost there."""
+    server = Serve(tmp_path / "server", "--role", "server", "--port", "0", "--config", str(serve_config(tmp_path, "s")))
+
+    async def body() -> None:
+        info = await server.ready()
+        held = HeldGateway(info, status)
+        others: list[PickyGateway] = []
+        await held.start()
+        try:
+            async with client(info) as http:
+                await http.post("/rollout/task/submit", json=waiting_task("in-flight", 1))
+                await until_true(lambda: asyncio.sleep(0, bool(held.batches)), "the batch sent")
+                if event == "dies":
+                    held.silent = True
+
+                    async def dead() -> bool:
+                        nodes = (await http.get("/rollout/status")).json()["nodes"]
+                        return not nodes[0]["healthy"]
+
+                    await until_true(dead, "the node declared dead")
+                    others.append(PickyGateway(info))
+                    await others[0].start()
+                else:
+                    await held.register_again()
+                await asyncio.sleep(1)  # heartbeats and the dispatcher had their turn
+                held.release.set()
+                status_: TaskStatus = await finished(info, "in-flight")
+        finally:
+            for gateway_ in [held, *others]:
+                await gateway_.close()
+        assert status_.state == "completed"
+        assert [r.metadata["polar_attempt"] for r in status_.results] == [attempt]
+        sent = [a for batch in [*held.batches, *(b for o in others for b in o.batches)] for _, a, _ in batch]
+        assert sent == [1, attempt]  # the held batch, then the send that ran it
 
     try:
         asyncio.run(body())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from polar_cli.commands.serve import build_config
 from polar_cli.models import SessionResult, TaskStatus, Trajectory
@@ -61,9 +62,9 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
         submitted_at = time.monotonic()
         async with client(info) as http:
             submitted = (await http.post("/rollout/task/submit", json=spec)).json()
-            assert submitted == {"task_id": "six", "status": "pending"}
+            assert submitted == {"task_id": "six", "status": "pending", "created": True}
             again = await http.post("/rollout/task/submit", json=spec)
-            assert again.status_code == 200 and again.json()["task_id"] == "six"
+            assert again.status_code == 200 and (again.json()["task_id"], again.json()["created"]) == ("six", False)
             conflict = await http.post("/rollout/task/submit", json={**spec, "instruction": "something else"})
             assert conflict.status_code == 409 and conflict.json()["error"]["type"] == "conflict"
             bad = await http.post("/rollout/task/submit", json={**spec, "agent": {"harness": "no-such-harness"}})
@@ -89,6 +90,7 @@ def test_two_gateways_run_a_task_and_every_callback_reaches_a_late_receiver(tmp_
             assert SessionResult.model_validate(sent["result"]) == r  # the same as what polling answers
         final = TaskStatus.model_validate(by_key["task_status:six"]["status"])
         assert final.state == "completed" and final.completed == 6
+        assert receiver.acknowledged[-1] == "task_status:six"  # all seven were due at once: the status came last
         await check_tokens(info, nodes)
 
     try:
@@ -281,6 +283,7 @@ def test_a_draining_stop_lets_running_sessions_finish(tmp_path: Path) -> None:
             assert (await http.get("/rollout/task/later")).json()["sessions"] != {}
         marker.touch()
         assert await asyncio.to_thread(runs[0].proc.wait, 120) == 0
+        assert "Draining: no new sessions; waiting up to 300 s for the 2 under way" in runs[0].stderr()
         runs.append(Serve(tmp_path / "polar-data", *args))
         restarted = await runs[1].ready()
         results = one_result_per_sample(await finished(restarted, "drained"), 2)
@@ -373,3 +376,100 @@ def test_a_bad_topology_file_names_the_field_and_the_file(tmp_path: Path) -> Non
     assert run.returncode == 2, run.stderr
     assert f"{bad}: invalid ServeConfig: unknown field 'server.heartbeat_interval'" in run.stderr
     assert "did you mean 'heartbeat_interval_s'?" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_callbacks_for_a_task_end_with_its_status_after_every_session_result(tmp_path: Path) -> None:
+    # the receiver refuses each session result once: the last one is sent again after the task has ended
+    receiver = Receiver(free_port(), refuse_first=True)
+    serve = Serve(tmp_path / "polar-data", "--port", "0", "--config", str(serve_config(tmp_path, "serve")))
+
+    async def body() -> None:
+        await receiver.start()
+        try:
+            info = await serve.ready()
+            async with client(info) as http:
+                await http.post("/rollout/task/submit", json=waiting_task("ordered", 3, callback_url=receiver.url))
+            results = one_result_per_sample(await finished(info, "ordered"), 3)
+            await until_true(lambda: asyncio.sleep(0, "task_status:ordered" in receiver.acknowledged), "the status")
+        finally:
+            await receiver.close()
+        sessions = {f"session_result:{r.session_id}" for r in results}
+        assert receiver.acknowledged == [*receiver.acknowledged[:3], "task_status:ordered"]
+        assert set(receiver.acknowledged[:3]) == sessions
+        assert all(len(receiver.by_key[key]) == 2 for key in sessions)  # each refused once, then taken
+        assert len(receiver.by_key["task_status:ordered"]) == 1  # sent once, when nothing was left before it
+
+    try:
+        asyncio.run(body())
+    finally:
+        serve.stop()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_polar_serve_keeps_its_data_in_polar_data_and_stops_on_a_signal_with_a_note(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """No --data-dir: ./polar-data (never a folder named None). A signal stops it within seconds, a session under way
+    included (cancelled: the server runs it again after a restart), and one line says where the data is."""
+    marker = tmp_path / "never"
+    serve = Serve(tmp_path / "polar-data", "--port", "0", "--config", str(serve_config(tmp_path, "s")),
+                  default_data_dir=True)  # fmt: skip
+
+    async def body() -> None:
+        info = await serve.ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("cut-off", 1, marker))
+
+        async def running() -> bool:
+            metrics = await gateway_metrics(info["gateway_url"], info["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 1)
+
+        await until_true(running, "the session running")
+
+    try:
+        asyncio.run(body())
+        sent = time.monotonic()
+        serve.proc.send_signal(stop)
+        code = serve.proc.wait(30)
+        took = time.monotonic() - sent
+    finally:
+        serve.stop()
+    assert code == 0 and took < 5, (code, took, serve.output())
+    assert "(role: all; data: polar-data)" in serve.stdout() and (tmp_path / "polar-data" / "server.db").exists()
+    assert not (tmp_path / "None").exists()
+    assert serve.stderr().strip().splitlines()[-1] == (
+        "Stopped. Tasks, sessions and results are kept in polar-data; starting again with --data-dir polar-data "
+        "resumes them (sessions that were cut off run again)."
+    )
+
+
+def test_a_paused_server_does_not_take_its_gateway_for_dead(tmp_path: Path) -> None:
+    """The process stops for longer than a node may stay silent (SIGSTOP: as when its event loop is blocked): the
+    heartbeats it could not read are not the node's fault, so nothing is re-dispatched."""
+    marker = tmp_path / "go"
+    serve = Serve(tmp_path / "polar-data", "--verbose", "--port", "0", "--config", str(serve_config(tmp_path, "s")))
+
+    async def body() -> None:
+        info = await serve.ready()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("paused", 2, marker))
+
+        async def two_running() -> bool:
+            metrics = await gateway_metrics(info["gateway_url"], info["node_token"])
+            return bool(metrics["stages"]["running"]["in_flight"] == 2)
+
+        await until_true(two_running, "two sessions running")
+        serve.proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(3)  # dead after 0.75 s of silence
+        serve.proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(1)
+        marker.touch()
+        results = one_result_per_sample(await finished(info, "paused"), 2)
+        assert [r.metadata["polar_attempt"] for r in results] == [1, 1]
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        serve.stop()
+    assert "missed its heartbeats" not in serve.output()

@@ -1,5 +1,5 @@
-"""The store's state machine: idempotent submit, 409 on a different body, attempts, exactly-once finish, the outbox,
-and a reopen on the same file (what a server restart sees)."""
+"""The store's state machine: idempotent submit, 409 on a different body, attempts, exactly-once finish, the outbox
+(a task's status after its session results), and a reopen on the same file (what a server restart sees)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,14 @@ def test_a_session_finishes_exactly_once_and_the_task_ends_once(tmp_path: Path) 
     assert ended.accepted and ended.task_ended
     status = store.task_status("t1")
     assert (status.state, status.completed, status.failed, len(status.results)) == ("completed", 1, 1, 2)
-    keys = [c.key for c in store.due_callbacks(now=1e12)]
-    assert keys == ["session_result:a", "session_result:b", "task_status:t1"]
-    store.callback_delivered(store.due_callbacks(now=1e12)[0].id)
+    due = store.due_callbacks(now=1e12)
+    assert [c.key for c in due] == ["session_result:a", "session_result:b"]  # the status waits for both
+    store.callback_delivered(due[0].id)
     assert store.pending_callbacks() == 2
+    store.callback_failed(due[1].id, next_at=5e12, error="HTTP 500")  # refused: retried later, the status with it
+    assert store.due_callbacks(now=1e12) == [] and store.next_callback_at() == 5e12
+    store.callback_delivered(due[1].id)
+    assert [c.key for c in store.due_callbacks(now=1e12)] == ["task_status:t1"]
 
 
 def test_lost_attempts_are_retried_then_fail_naming_why(tmp_path: Path) -> None:
@@ -93,4 +97,4 @@ def test_cancel_and_reopen(tmp_path: Path) -> None:
     assert status.sessions == {"a": "finished", "b": "cancelled", "c": "cancelled"}
     assert [r.status for r in status.results] == ["completed", "cancelled", "cancelled"]
     assert reopened.meta("token") == "secret" and reopened.node("n1") is not None
-    assert [c.key for c in reopened.due_callbacks(now=1e12)] == ["session_result:a", "task_status:t1"]
+    assert [c.key for c in reopened.due_callbacks(now=1e12)] == ["session_result:a"]  # then the status
