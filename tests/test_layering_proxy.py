@@ -1,69 +1,31 @@
-"""Layering: outside ``polar_cli/proxy`` the proxy is imported only through ``polar_cli.proxy`` and its ``__all__``."""
+"""Layering rule: outside ``polar_cli/proxy`` the proxy is imported only as ``polar_cli.proxy``, and only the names in
+its ``__all__`` (checked with :mod:`tests.test_layering`'s import walk)."""
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import polar_cli.proxy
+from tests.test_layering import REPO, Import, package_imports, within
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "polar_cli"
-PROXY = PACKAGE / "proxy"
-
-
-def outside_modules() -> list[Path]:
-    """Every module of the package outside ``polar_cli/proxy``, and the benchmarks."""
-    package = [p for p in PACKAGE.rglob("*.py") if not p.is_relative_to(PROXY)]
-    return sorted(package + list((ROOT / "bench").rglob("*.py")))
+PROXY = "polar_cli.proxy"
 
 
-def imports(source: str, module: str) -> Iterator[tuple[int, str, str | None]]:
-    """``(line, imported module, name)`` for every import in ``source`` (in functions and TYPE_CHECKING blocks
-    too), ``name`` None for ``import x``; relative imports are resolved against ``module`` (a dotted name whose
-    last part is the module's own, ``__init__`` for a package)."""
-    package = module.split(".")[:-1]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name, None
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            imported = ".".join([*base, *([node.module] if node.module else [])])
-            for alias in node.names:
-                yield node.lineno, imported, alias.name
-
-
-def proxy_internals(source: str, module: str) -> list[str]:
-    """Each import in ``source`` that reaches past ``polar_cli.proxy``'s public surface, as ``line: what``."""
-    public = set(polar_cli.proxy.__all__)
-    found = []
-    for line, imported, name in imports(source, module):
-        if imported.startswith("polar_cli.proxy."):
-            found.append(f"{line}: {imported}")
-        elif imported == "polar_cli.proxy" and name is not None and name not in public:
-            found.append(f"{line}: {name} from polar_cli.proxy (not in its __all__)")
-    return found
-
-
-def dotted(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+def reaches_inside(found: Import) -> bool:
+    """Whether ``found`` binds something of the proxy other than the package or a name of its ``__all__``."""
+    if not within(found.target, PROXY) or found.target == PROXY:
+        return False
+    return found.target.removeprefix(PROXY + ".") not in polar_cli.proxy.__all__
 
 
 def test_no_module_outside_the_proxy_imports_its_internals() -> None:
-    modules = outside_modules()
-    assert len(modules) > 50 and PACKAGE / "gateway" / "node.py" in modules and not any(
-        p.is_relative_to(PROXY) for p in modules
-    )
-    offenders = [
-        f"{path.relative_to(ROOT)}:{line}"
-        for path in modules
-        for line in proxy_internals(path.read_text(encoding="utf-8"), dotted(path))
-    ]
-    assert offenders == []
+    proxy_dir = REPO / "polar_cli" / "proxy"
+    found = package_imports(REPO / "polar_cli") + package_imports(REPO / "bench")
+    outside = [f for f in found if not (REPO / f.where.partition(":")[0]).is_relative_to(proxy_dir)]
+    assert any(f.where.startswith("polar_cli/gateway/node.py") for f in outside)
+    assert [f"{f.where} imports {f.target}" for f in outside if reaches_inside(f)] == []
 
 
 def test_everything_the_proxy_declares_public_exists() -> None:
@@ -71,7 +33,7 @@ def test_everything_the_proxy_declares_public_exists() -> None:
 
 
 @pytest.mark.parametrize(
-    ("source", "offending"),
+    ("source", "inside"),
     [
         ("from polar_cli.proxy.app import create_proxy_app\n", True),
         ("import polar_cli.proxy.state\n", True),
@@ -88,6 +50,9 @@ def test_everything_the_proxy_declares_public_exists() -> None:
         ("from polar_cli.proxying import x\n", False),
     ],
 )
-def test_the_check_sees_every_form_of_import(source: str, offending: bool) -> None:
-    found = proxy_internals(source, "polar_cli.gateway.example")
-    assert bool(found) is offending, found
+def test_the_rule_sees_every_form_of_import(tmp_path: Path, source: str, inside: bool) -> None:
+    module = tmp_path / "polar_cli" / "gateway" / "example.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(source)
+    found = [f.target for f in package_imports(tmp_path / "polar_cli") if reaches_inside(f)]
+    assert bool(found) is inside, found
