@@ -33,8 +33,7 @@ import orjson
 from aiohttp import web
 from proxy_overhead import free_port  # bench/ is on sys.path when a script here runs
 
-from polar_cli.proxy.app import create_proxy_app
-from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy import ProxyConfig, create_proxy_app
 from polar_cli.web.parser_errors import app_runner
 
 PROMPT_IDS = list(range(1, 513))

@@ -118,7 +118,7 @@ from polar_cli.models import (
     TrajectoryStatus,
     validate_model,
 )
-from polar_cli.proxy.types import ChatRequest, Generation
+from polar_cli.models.chat import ChatRequest, Generation
 
 __all__ = [
     "HOME_PATH",

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
@@ -23,7 +24,6 @@ from polar_cli.gateway.config import PipelineConfig
 from polar_cli.generate import GenerateOptions, GenerateProgress, GroupStats, embedded_serve_config, generate
 from polar_cli.generate.ledger import LEDGER, open_ledger
 from polar_cli.models import SessionResult, validate_model
-from polar_cli.proxy.config import ProxyConfig
 from polar_cli.registry import get_harness
 from polar_cli.server.launch import ServeInfo
 
@@ -81,11 +81,16 @@ def generate_command(
     builder: str | None = typer.Option(None, "--builder", help="Override builder.strategy."),
     group_by: str = typer.Option("repo", "--group-by", help="Task metadata field the table groups by."),
     accept_min_reward: float = typer.Option(1.0, "--accept-min-reward", help="Reward at which a session counts."),
-    server: str | None = typer.Option(None, "--server", help="A running polar serve (default: embedded)."),
+    server: str | None = typer.Option(
+        None, "--server", help="A running polar serve (default: embedded, with the backend options below)."
+    ),
     token: str | None = typer.Option(None, "--token", envvar="POLAR_TOKEN", help="--server's token."),
-    backend: str = typer.Option("scripted", "--backend", help="Embedded: vllm, sglang, openai, scripted."),
-    backend_url: str | None = typer.Option(None, "--backend-url", help="Embedded: inference server URL."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Embedded: HF tokenizer dir or id."),
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    tokenizer: backend_options.Tokenizer = None,
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
@@ -102,8 +107,11 @@ def generate_command(
         "accept_min_reward": accept_min_reward}, source="polar generate")  # fmt: skip
     target: Any = server
     if server is None:
-        proxy = validate_model(ProxyConfig, {"backend": backend, "backend_url": backend_url, "model": model,
-                                             "tokenizer": tokenizer}, source="polar generate")  # fmt: skip
+        overrides = backend_options.proxy_overrides(
+            backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer,
+            backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+        )  # fmt: skip
+        proxy = backend_options.proxy_config(overrides, source="polar generate")
         proxy.backend_config()
         slots = run_slots or concurrency
         pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
 
 import typer
 
-from polar_cli.models import validate_model
-from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.state import ProxyState
+from polar_cli.commands import backend_options
+from polar_cli.commands.interrupt import Interrupted, run_until_stopped
+from polar_cli.proxy import ProxyState, serve_proxy
 from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 
 
@@ -29,11 +27,11 @@ def _ready(state: ProxyState, generated: bool) -> None:
 
 
 def proxy(
-    backend: str = typer.Option("scripted", help="Inference backend: vllm, sglang, openai, scripted (or a plugin)."),
-    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL (vllm/sglang/openai)."),
-    script: str | None = typer.Option(None, help="Scripted backend: JSON/YAML script file for every session."),
-    tokenizer: str | None = typer.Option(None, help="HF tokenizer dir or id (scripted default: demo tokenizer)."),
-    model: str | None = typer.Option(None, help="Upstream model name (default: the server's first model)."),
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    script: backend_options.Script = None,
+    tokenizer: backend_options.Tokenizer = None,
+    model: backend_options.Model = None,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8787, help="Port to listen on (0: any free port)."),
     journal: str | None = typer.Option(None, "--journal", help="Directory for per-session JSONL journals."),
@@ -43,45 +41,25 @@ def proxy(
         "--control-token",
         help=f"Bearer token the /sessions routes require (default: ${CONTROL_TOKEN_ENV}, else a generated one).",
     ),
-    backend_timeout: float | None = typer.Option(
-        None, "--backend-timeout", help="Seconds one backend attempt may take (default 600).", show_default=False
-    ),
-    backend_retries: int | None = typer.Option(
-        None, "--backend-retries", min=0, help="Retries of a transient backend failure (default 3).", show_default=False
-    ),
-    stream_mode: str = typer.Option(
-        "passthrough",
-        "--stream-mode",
-        help="Streaming requests: passthrough (re-encode the backend's stream as it comes; vllm only, others fall "
-        "back to synthetic) or synthetic (wait for the whole answer, then replay it).",
-    ),
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
-    from polar_cli.proxy.server import serve_proxy
-
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     token, generated = resolve_token(control_token, CONTROL_TOKEN_ENV)
-    options: dict[str, Any] = dict(
-        backend=backend,
-        backend_url=backend_url,
-        script=script,
-        tokenizer=tokenizer,
-        model=model,
-        host=host,
-        port=port,
-        journal_dir=journal,
-        public_url=public_url,
+    overrides = backend_options.proxy_overrides(
+        backend=backend, backend_url=backend_url, script=script, tokenizer=tokenizer, model=model,
+        backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+    )  # fmt: skip
+    config = backend_options.proxy_config(
+        overrides, source="polar proxy", host=host, port=port, journal_dir=journal, public_url=public_url,
         control_token=token,
-        backend_timeout_s=backend_timeout,
-        stream_mode=stream_mode,
-    )
-    if backend_retries is not None:
-        options["retry"] = {"attempts": backend_retries + 1}
-    config = validate_model(ProxyConfig, options, source="polar proxy")
+    )  # fmt: skip
     try:
-        asyncio.run(serve_proxy(config, lambda state: _ready(state, generated)))
-    except KeyboardInterrupt:
+        run_until_stopped(serve_proxy(config, lambda state: _ready(state, generated)))
+    except Interrupted:  # Ctrl-C or SIGTERM: the app was cleaned up (sessions closed, journals flushed)
         typer.echo("Stopped.")
 
 

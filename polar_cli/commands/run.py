@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
@@ -19,7 +20,6 @@ from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
 from polar_cli.models import SessionResult, TaskRequest, validate_model
-from polar_cli.proxy.config import ProxyConfig
 from polar_cli.registry import get_harness
 from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 
@@ -99,16 +99,14 @@ def run(
     ),
     builder: str | None = typer.Option(None, "--builder", help="builder.strategy: prefix_merging, per_request."),
     evaluator: str | None = typer.Option(None, "--evaluator", help="evaluator.strategy."),
-    backend: str = typer.Option("scripted", "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
-    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL."),
-    model: str | None = typer.Option(None, "--model", help="Upstream model name (default: the server's first)."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
-    script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
-    backend_timeout: float | None = typer.Option(None, "--backend-timeout", help="Seconds per backend attempt."),
-    backend_retries: int | None = typer.Option(None, "--backend-retries", min=0, help="Retries of a failed call."),
-    stream_mode: str = typer.Option(
-        "passthrough", "--stream-mode", help="passthrough (vllm streams as it samples) or synthetic (replayed)."
-    ),
+    backend: backend_options.Backend = "scripted",
+    backend_url: backend_options.BackendUrl = None,
+    model: backend_options.Model = None,
+    tokenizer: backend_options.Tokenizer = None,
+    script: backend_options.Script = None,
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = "passthrough",
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
@@ -136,13 +134,11 @@ def run(
         "builder.strategy": builder, "evaluator.strategy": evaluator,
     }  # fmt: skip
     task = build_task(task_file, overrides)
-    proxy_options: dict[str, Any] = {
-        "backend": backend, "backend_url": backend_url, "model": model, "tokenizer": tokenizer, "script": script,
-        "backend_timeout_s": backend_timeout, "stream_mode": stream_mode,
-    }  # fmt: skip
-    if backend_retries is not None:
-        proxy_options["retry"] = {"attempts": backend_retries + 1}
-    proxy = validate_model(ProxyConfig, proxy_options, source="polar run")
+    overrides = backend_options.proxy_overrides(
+        backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
+        backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+    )  # fmt: skip
+    proxy = backend_options.proxy_config(overrides, source="polar run")
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
     pipeline = validate_model(

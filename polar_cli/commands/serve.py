@@ -3,29 +3,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from polar_cli.config import read_data_file
+from polar_cli.commands import backend_options
+from polar_cli.commands.interrupt import Interrupted, run_until_stopped
+from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.models import validate_model
 from polar_cli.server.config import ServeConfig
 from polar_cli.server.launch import INFO_FILE, ServeInfo, serve
-
-
-def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
-    if value is None:
-        return
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        data = data.setdefault(key, {})
-    data[leaf] = value
 
 
 def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> ServeConfig:
@@ -43,22 +34,21 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
         gateway = data.setdefault("gateway", {})
         if isinstance(gateway, dict):
             gateway.setdefault("port", 0)  # the embedded gateway: any free port unless the file names one
+    overrides: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is None:  # not given (and never str(None): a data dir named "None")
             continue
-        if dotted in ("host", "port", "data_dir", "token"):
+        if dotted == "token":
+            overrides["gateway.control_token" if base.role == "gateway" else "server.token"] = value
+        elif dotted in ("host", "port", "data_dir"):
             targets = {"server": ["server"], "gateway": ["gateway"], "all": ["server", "gateway"]}[base.role]
             if dotted == "port" and base.role == "all":
                 targets = ["server"]  # the embedded gateway keeps its own (default: any free port)
-            if dotted == "token":
-                targets = ["gateway.control_token" if base.role == "gateway" else "server.token"]
-                _set(data, targets[0], value)
-                continue
             for target in targets:
-                _set(data, f"{target}.{dotted}", str(value) if dotted == "data_dir" else value)
+                overrides[f"{target}.{dotted}"] = str(value) if dotted == "data_dir" else value
         else:
-            _set(data, dotted, value)
-    return validate_model(ServeConfig, data, source=source)
+            overrides[dotted] = value
+    return validate_model(ServeConfig, set_dotted(data, overrides, source=source), source=source)
 
 
 def _announce(info: ServeInfo, data_dir: Path) -> None:
@@ -106,11 +96,14 @@ def serve_command(
     ),
     public_url: str | None = typer.Option(None, "--public-url", help="The gateway's URL as the server reaches it."),
     node_id: str | None = typer.Option(None, "--node-id", help="The gateway's node id (default: kept in data dir)."),
-    backend: str | None = typer.Option(None, "--backend", help="Inference backend: vllm, sglang, openai, scripted."),
-    backend_url: str | None = typer.Option(None, "--backend-url", help="Inference server URL."),
-    model: str | None = typer.Option(None, "--model", help="Upstream model name."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="HF tokenizer dir or id."),
-    script: str | None = typer.Option(None, "--script", help="Scripted backend: the script file for every session."),
+    backend: backend_options.Backend = None,
+    backend_url: backend_options.BackendUrl = None,
+    model: backend_options.Model = None,
+    tokenizer: backend_options.Tokenizer = None,
+    script: backend_options.Script = None,
+    backend_timeout: backend_options.BackendTimeout = None,
+    backend_retries: backend_options.BackendRetries = None,
+    stream_mode: backend_options.StreamMode = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Harnesses running at once on the gateway."),
     heartbeat: float | None = typer.Option(None, "--heartbeat-interval", help="Seconds between gateway heartbeats."),
     drain_timeout: float | None = typer.Option(
@@ -125,6 +118,10 @@ def serve_command(
     logging.basicConfig(
         level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
+    proxy_overrides = backend_options.proxy_overrides(
+        backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
+        backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+    )  # fmt: skip
     flags = {
         "host": host,
         "port": port,
@@ -134,11 +131,7 @@ def serve_command(
         "agent.server_token": server_token,
         "agent.node_id": node_id,
         "gateway.public_url": public_url,
-        "gateway.proxy.backend": backend,
-        "gateway.proxy.backend_url": backend_url,
-        "gateway.proxy.model": model,
-        "gateway.proxy.tokenizer": tokenizer,
-        "gateway.proxy.script": script,
+        **{f"gateway.proxy.{key}": value for key, value in proxy_overrides.items()},
         "gateway.pipeline.run_slots": run_slots,
         "server.heartbeat_interval_s": heartbeat,
         "drain_timeout_s": drain_timeout,
@@ -147,15 +140,8 @@ def serve_command(
     config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session
     where = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
 
-    async def main() -> None:
-        current = asyncio.current_task()
-        if current is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, current.cancel)
-        await serve(config, lambda info: _announce(info, where), on_drain=_draining)
-
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-        asyncio.run(main())
+    with contextlib.suppress(Interrupted):  # the first signal drains (--drain-timeout), a second stops at once
+        run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining))
     typer.echo(stopped_note(config, where), err=True)
 
 

@@ -17,9 +17,7 @@ from typing import Any
 
 from polar_cli.errors import PolarError
 from polar_cli.interfaces.builder import TokenizerSource
-from polar_cli.proxy.backends.http import HttpChatClient
-from polar_cli.proxy.render import demo_tokenizer_dir
-from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy import HttpChatClient, ProxyState, demo_tokenizer_dir
 
 log = logging.getLogger(__name__)
 

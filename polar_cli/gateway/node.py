@@ -41,10 +41,7 @@ from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
 from polar_cli.ids import SessionId, check_session_id, id_part
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, validate_model
 from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionBatchAnswer
-from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
-from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.sessions import session_options
-from polar_cli.proxy.state import ProxyState
+from polar_cli.proxy import ProxyConfig, ProxyState, create_proxy_app, proxy_error_shape, session_options
 from polar_cli.web.auth import guarded, new_token
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import ERROR_SHAPE, error_response, json_errors, json_response, status_for

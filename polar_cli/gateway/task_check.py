@@ -19,7 +19,7 @@ from pathlib import Path
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest
-from polar_cli.proxy.sessions import inline_script
+from polar_cli.proxy import inline_script
 from polar_cli.registry import get_builder, get_evaluator, get_harness, get_runtime
 from polar_cli.runtimes.prepare import check_prepare
 

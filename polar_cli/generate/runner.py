@@ -27,7 +27,7 @@ from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.node import GatewayConfig
 from polar_cli.generate.ledger import Ledger, ResultRow
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
-from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
 from polar_cli.server.config import ServeConfig, ServerConfig
 from polar_cli.server.launch import ServeInfo, serve

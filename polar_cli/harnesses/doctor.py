@@ -137,10 +137,7 @@ class DoctorProxy:
 
 @contextlib.asynccontextmanager
 async def doctor_proxy(journal_dir: Path) -> AsyncIterator[DoctorProxy]:
-    from polar_cli.proxy.app import create_proxy_app
-    from polar_cli.proxy.codecs import detect
-    from polar_cli.proxy.config import ProxyConfig
-    from polar_cli.proxy.state import ProxyState
+    from polar_cli.proxy import ProxyConfig, ProxyState, create_proxy_app, detect
 
     config = ProxyConfig(backend="scripted", host="127.0.0.1", port=0, journal_dir=journal_dir)
     state = ProxyState(config)

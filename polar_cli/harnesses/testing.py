@@ -23,7 +23,7 @@ from typing import Any
 from polar_cli.harnesses.doctor import DEFAULT_IMAGE, DoctorReport, run_doctor
 from polar_cli.interfaces.harness import Harness
 from polar_cli.models import Completion, SessionResult
-from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy import read_journal
 from polar_cli.registry import get_harness
 
 RUN_FILE = "polar-run.txt"

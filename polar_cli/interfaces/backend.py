@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
 from polar_cli.interfaces.base import Component
-from polar_cli.proxy.types import ChatRequest, Generation
-
-if TYPE_CHECKING:
-    from polar_cli.proxy.streaming import UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
 
 
 class BackendClient(ABC):

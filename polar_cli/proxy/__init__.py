@@ -1,1 +1,53 @@
-"""The gateway proxy: provider codecs, synthetic streaming, token capture, inference backends."""
+"""The gateway proxy: provider codecs, synthetic streaming, token capture, inference backends.
+
+This module is the proxy's public surface: code outside ``polar_cli/proxy`` imports only from ``polar_cli.proxy``
+(``tests/test_layering_proxy.py`` checks it); its submodules are internal.
+
+- Serving: :class:`ProxyConfig`, :class:`ProxyState` (one proxy's backend client, sessions and URLs),
+  :func:`create_proxy_app` (the aiohttp app, also mounted by the gateway with :func:`proxy_error_shape`),
+  :func:`serve_proxy` (``polar proxy``).
+- Sessions and records: :func:`session_options` and :func:`inline_script` (what a session or task may pass its
+  backend), :func:`read_journal` (a session's journaled Completions), :func:`detect` (which provider route a request
+  is).
+- Backends: the built-in clients (:class:`VllmClient`, :class:`SglangClient`, :class:`OpenAICompatClient` with
+  :class:`HttpBackendConfig`; :class:`ScriptedClient` with :class:`ScriptedConfig`), :class:`HttpChatClient` (their
+  base) and :func:`demo_tokenizer_dir`; the wire types :class:`ChatRequest` and :class:`Generation` live in
+  :mod:`polar_cli.models.chat` and are re-exported here.
+"""
+
+from polar_cli.models.chat import ChatRequest, Generation
+from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
+from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient
+from polar_cli.proxy.backends.openai import OpenAICompatClient
+from polar_cli.proxy.backends.scripted import ScriptedClient, ScriptedConfig
+from polar_cli.proxy.backends.sglang import SglangClient
+from polar_cli.proxy.backends.vllm import VllmClient
+from polar_cli.proxy.codecs import detect
+from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy.render import demo_tokenizer_dir
+from polar_cli.proxy.server import serve_proxy
+from polar_cli.proxy.sessions import inline_script, session_options
+from polar_cli.proxy.state import ProxyState
+
+__all__ = [
+    "ChatRequest",
+    "Generation",
+    "HttpBackendConfig",
+    "HttpChatClient",
+    "OpenAICompatClient",
+    "ProxyConfig",
+    "ProxyState",
+    "ScriptedClient",
+    "ScriptedConfig",
+    "SglangClient",
+    "VllmClient",
+    "create_proxy_app",
+    "demo_tokenizer_dir",
+    "detect",
+    "inline_script",
+    "proxy_error_shape",
+    "read_journal",
+    "serve_proxy",
+    "session_options",
+]

@@ -2,9 +2,9 @@
 
 ``create_proxy_app(config)`` makes a standalone app; ``setup_proxy(app, state)`` adds the same routes to a bigger
 gateway app. A proxied call is: detect (path, then headers) → check the session key → decode → one backend call →
-journal the Completion → answer (JSON or a synthetic SSE stream). Every failure is answered in the provider's shape,
-including aiohttp's own 404/405/413 and HTTP framing 400s (``proxy_error_shape`` as the app's ``ERROR_SHAPE``: serve
-the app with ``polar_cli.web.listen.listen``).
+journal the Completion → answer (JSON or a synthetic SSE stream); from the decode on, one :class:`ProxyCall` carries
+the call. Every failure is answered in the provider's shape, including aiohttp's own 404/405/413 and HTTP framing 400s
+(``proxy_error_shape`` as the app's ``ERROR_SHAPE``: serve the app with ``polar_cli.web.listen.listen``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from yarl import URL
 
 from polar_cli.errors import BackendError, PolarError, ProtocolError
 from polar_cli.ids import SESSION_ID_RULE, is_session_id
+from polar_cli.models.chat import ChatRequest, Generation, StreamMode
 from polar_cli.proxy.capture import Delivery, check_generation, completion_record
 from polar_cli.proxy.codecs import Detected, detect, get_codec
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
@@ -31,7 +33,6 @@ from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
-from polar_cli.proxy.types import ChatRequest, Generation, StreamMode
 from polar_cli.web.auth import header_bytes
 from polar_cli.web.body import read_object
 from polar_cli.web.disconnect import client_left
@@ -118,7 +119,9 @@ class ProxyHandler:
             if found.kind == "count_tokens":
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))
-            return await self._generate(session, codec, found, body, raw, started, request)
+            chat = codec.decode(body, found.route)
+            call = ProxyCall(self.state, request, session, codec, found, body, raw, started, chat)
+            return await self._generate(call)
         except ProtocolError as exc:
             refused = provider_error(codec, status_for(exc), str(exc)[:MAX_MESSAGE_CHARS])
             if request.content.exception() is not None or not request.content.at_eof():
@@ -135,32 +138,13 @@ class ProxyHandler:
             message = f"internal proxy error: {type(exc).__name__}: {str(exc)[:200]}"
             return provider_error(codec, 500, message)
 
-    async def _generate(
-        self,
-        session: Session,
-        codec: Codec,
-        found: Detected,
-        body: dict[str, Any],
-        raw: bytes,
-        started: float,
-        request: web.Request | None = None,
-    ) -> web.StreamResponse:
-        """Backend call (bounded by the session's deadline) → check the token data → encode the whole answer →
-        journal the record → answer. A failure at any step before the journal write answers an error and records
-        nothing; the journal line is flushed before the answer's first byte is sent."""
-        chat = codec.decode(body, found.route)
-        encoder = codec.encoder(chat) if chat.stream and request is not None else None
-        if encoder is not None and request is not None and self._passthrough(codec):
-            return await self._stream(session, codec, encoder, found, body, raw, started, chat, request)
-        generation = await self._call_backend(session, chat)
-        check_generation(generation)  # an invalid answer is a 502 and is never journaled
-        if chat.stream:
-            answer = web.Response(body=b"".join(codec.stream(generation, chat)), status=200, headers=SSE_HEADERS)
-        else:
-            answer = _json(codec.encode(generation, chat))
-        delivery: Delivery = "client_gone" if request is not None and client_left(request) else "answered"
-        await self._record(session, codec, found, body, raw, started, chat, generation, delivery, "synthetic")
-        return answer
+    async def _generate(self, call: ProxyCall) -> web.StreamResponse:
+        """A generation call, passed through as the backend streams it or answered whole (JSON, or a replayed
+        stream)."""
+        encoder = call.codec.encoder(call.chat) if call.chat.stream else None
+        if encoder is not None and self._passthrough(call.codec):
+            return await call.stream(encoder)
+        return await call.answer()
 
     def _passthrough(self, codec: Codec) -> bool:
         """Whether a streaming request is passed through (else replayed); the fallback is logged once per proxy."""
@@ -176,91 +160,102 @@ class ProxyHandler:
             )
         return False
 
-    async def _record(
-        self,
-        session: Session,
-        codec: Codec,
-        found: Detected,
-        body: dict[str, Any],
-        raw: bytes,
-        started: float,
-        chat: ChatRequest,
-        generation: Generation,
-        delivery: Delivery,
-        stream_mode: StreamMode,
-    ) -> None:
-        record = completion_record(
-            session_id=session.session_id,
-            index=session.count,
-            provider=codec.provider,
-            body=body,
-            request=chat,
-            generation=generation,
-            started_at=started,
-            finished_at=time.time(),
-            path=found.route.path,
-            raw_body=raw,
-            delivery=delivery,
-            stream_mode=stream_mode,
-        )
-        await self.state.registry.record(session, record)  # on disk before the harness sees the answer('s end)
 
-    async def _stream(
-        self,
-        session: Session,
-        codec: Codec,
-        encoder: StreamEncoder,
-        found: Detected,
-        body: dict[str, Any],
-        raw: bytes,
-        started: float,
-        chat: ChatRequest,
-        request: web.Request,
-    ) -> web.StreamResponse:
+@dataclass(slots=True)
+class ProxyCall:
+    """One generation call on its way through the proxy: the session it belongs to, the detected route and its
+    codec, the body as sent (parsed and raw), when it arrived, and the normalized request it was decoded into."""
+
+    state: ProxyState
+    request: web.Request
+    session: Session
+    codec: Codec
+    found: Detected
+    body: dict[str, Any]
+    raw: bytes
+    started: float
+    chat: ChatRequest
+
+    async def answer(self) -> web.StreamResponse:
+        """Backend call (bounded by the session's deadline) → check the token data → encode the whole answer →
+        journal the record → answer. A failure at any step before the journal write answers an error and records
+        nothing; the journal line is flushed before the answer's first byte is sent."""
+        generation = await self.generate()
+        check_generation(generation)  # an invalid answer is a 502 and is never journaled
+        if self.chat.stream:
+            body = b"".join(self.codec.stream(generation, self.chat))
+            answer: web.Response = web.Response(body=body, status=200, headers=SSE_HEADERS)
+        else:
+            answer = _json(self.codec.encode(generation, self.chat))
+        delivery: Delivery = "client_gone" if client_left(self.request) else "answered"
+        await self.record(generation, delivery, "synthetic")
+        return answer
+
+    async def stream(self, encoder: StreamEncoder) -> web.StreamResponse:
         """Pass-through streaming (:mod:`polar_cli.proxy.streaming`): errors before the upstream answers are
         ordinary error responses; after that they are the provider's stream error event."""
+        session, backend = self.session, self.state.backend
         left = session.time_left()
         if left is not None and left <= 0:
             raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
         try:
             with call_deadline(session.deadline):
                 upstream = await unless_client_leaves(
-                    request, self.state.backend.open_stream(chat, session_id=session.session_id)
+                    self.request, backend.open_stream(self.chat, session_id=session.session_id)
                 )
         except ConnectionResetError:  # gone during the prefill: nothing was sampled, nothing to answer or keep
             return web.Response(status=499)  # nginx's "client closed request", for the access log only
 
         async def record(generation: Generation, delivery: Delivery) -> None:
-            await self._record(session, codec, found, body, raw, started, chat, generation, delivery, "passthrough")
+            await self.record(generation, delivery, "passthrough")
 
         return await pump(
-            request,
+            self.request,
             upstream,
-            codec,
+            self.codec,
             encoder,
-            chat,
+            self.chat,
             record,
-            backend=self.state.backend.name,
+            backend=backend.name,
             time_left=session.time_left(),
         )
 
-    async def _call_backend(self, session: Session, chat: ChatRequest) -> Generation:
+    async def generate(self) -> Generation:
         """One generation, never outliving the session's deadline (a provider-shaped 504 when it passes)."""
+        session, backend = self.session, self.state.backend
         left = session.time_left()
         if left is None:
-            return await self.state.backend.generate(chat, session_id=session.session_id)
+            return await backend.generate(self.chat, session_id=session.session_id)
         if left <= 0:
             raise BackendError(f"session {session.session_id}: its deadline has passed", status=504)
         try:
             with call_deadline(session.deadline):
                 async with asyncio.timeout(left) as scope:
-                    return await self.state.backend.generate(chat, session_id=session.session_id)
+                    return await backend.generate(self.chat, session_id=session.session_id)
         except TimeoutError as exc:
             if scope.expired():
                 raise BackendError(
                     f"session {session.session_id}: no backend answer before its deadline", status=504
                 ) from exc
             raise
+
+    async def record(self, generation: Generation, delivery: Delivery, stream_mode: StreamMode) -> None:
+        """Journal this call's Completion: on disk before the harness sees the answer (or the stream's end)."""
+        record = completion_record(
+            session_id=self.session.session_id,
+            index=self.session.count,
+            provider=self.codec.provider,
+            body=self.body,
+            request=self.chat,
+            generation=generation,
+            started_at=self.started,
+            finished_at=time.time(),
+            path=self.found.route.path,
+            raw_body=self.raw,
+            delivery=delivery,
+            stream_mode=stream_mode,
+        )
+        await self.state.registry.record(self.session, record)
 
 
 async def _root(request: web.Request) -> web.Response:

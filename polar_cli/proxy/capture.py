@@ -16,7 +16,7 @@ import orjson
 
 from polar_cli.errors import BackendError
 from polar_cli.models import Provider
-from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds, StreamMode
+from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, StreamMode
 
 Delivery = Literal["answered", "client_gone", "aborted"]
 """``answered``: the line was flushed, then the answer was handed to the client's connection. ``client_gone``: the

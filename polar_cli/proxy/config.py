@@ -10,8 +10,8 @@ from pydantic import Field, field_validator
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import StrictModel
+from polar_cli.models.chat import StreamMode
 from polar_cli.proxy.retry import RetryConfig
-from polar_cli.proxy.types import StreamMode
 from polar_cli.web.auth import new_token
 
 _HTTP_BACKENDS = frozenset({"vllm", "sglang", "openai"})

@@ -23,16 +23,16 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
+from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart, UpstreamStream
 from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
-from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 from polar_cli.web.disconnect import client_gone, client_left
 
 log = logging.getLogger("polar.proxy.streaming")
@@ -40,14 +40,6 @@ log = logging.getLogger("polar.proxy.streaming")
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 ABORT = ABORTED
 T = TypeVar("T")
-
-
-class UpstreamStream(Protocol):
-    """An open upstream stream: its chunks in order, and a way to stop it."""
-
-    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
-
-    def abort(self) -> None: ...
 
 
 class UpstreamStreamError(BackendError):

@@ -97,3 +97,19 @@ def test_polar_proxy_rejects_bad_options() -> None:
         env={**os.environ, "POLAR_LOAD_PLUGINS": ""},
     )
     assert result.returncode == 2 and "needs --backend-url" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_polar_proxy_stops_on_sigterm_as_on_ctrl_c() -> None:
+    cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0"]
+    env = {**os.environ, "POLAR_LOAD_PLUGINS": "", "POLAR_CONTROL_TOKEN": "t"}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            url = re.findall(r"Polar proxy on (http://\S+)", proc.stdout.readline())[0]
+            assert httpx.get(f"{url}/sessions", headers={"Authorization": "Bearer t"}).status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        except BaseException:
+            proc.kill()
+            raise
+    assert (proc.returncode, "Stopped." in out, "Traceback" in err) == (0, True, False), err

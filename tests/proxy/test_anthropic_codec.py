@@ -8,11 +8,11 @@ import orjson
 import pytest
 
 from polar_cli.errors import ProtocolError
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.codecs import detect, get_codec
 from polar_cli.proxy.codecs.anthropic import AnthropicCodec
 from polar_cli.proxy.codecs.base import Route
 from polar_cli.proxy.codecs.common import sign_thinking
-from polar_cli.proxy.types import ChatRequest, Generation
 
 CODEC = AnthropicCodec()
 ROUTE = Route(path="/v1/messages")

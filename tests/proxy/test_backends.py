@@ -14,9 +14,9 @@ from aiohttp import web
 
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces import BackendClient
+from polar_cli.models.chat import ChatRequest
 from polar_cli.proxy.backends.vllm import VllmClient
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer
-from polar_cli.proxy.types import ChatRequest
 from polar_cli.registry import get_backend
 
 from .conftest import LoopThread

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_cli.errors import ProtocolError
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.codecs import detect, get_codec
 from polar_cli.proxy.codecs.base import Route
 from polar_cli.proxy.codecs.common import seal_thought, unseal_thought
 from polar_cli.proxy.codecs.google import GoogleCodec
 from polar_cli.proxy.codecs.google_input import openapi_to_json_schema
-from polar_cli.proxy.types import ChatRequest, Generation
 
 CODEC = GoogleCodec()
 ROUTE = Route(path="/v1beta/models/gemini-x:generateContent", model="gemini-x", action="generateContent")

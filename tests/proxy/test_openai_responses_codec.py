@@ -10,11 +10,11 @@ import pytest
 from openai.types.responses import Response
 
 from polar_cli.errors import ProtocolError
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.codecs.base import Route
 from polar_cli.proxy.codecs.common import seal_thought, stable_id, unseal_thought
 from polar_cli.proxy.codecs.openai_responses import OpenAIResponsesCodec
 from polar_cli.proxy.codecs.openai_responses_tools import custom_arguments, custom_input
-from polar_cli.proxy.types import ChatRequest, Generation
 
 # Bodies Codex CLI 0.169.0 really sent (captured with a logging server; long developer texts shortened).
 FIXTURES = Path(__file__).parent / "fixtures" / "openai_responses"

@@ -8,10 +8,10 @@ from typing import Any
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.codecs.base import Route
 from polar_cli.proxy.codecs.openai_responses import OpenAIResponsesCodec
 from polar_cli.proxy.codecs.openai_responses_tools import custom_arguments
-from polar_cli.proxy.types import ChatRequest, Generation
 
 codec = OpenAIResponsesCodec()
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)

@@ -20,10 +20,10 @@ from google.genai import types
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.scripted import ScriptedClient, stream_chunks
 from polar_cli.proxy.codecs import get_codec
 from polar_cli.proxy.streaming import StreamAssembler
-from polar_cli.proxy.types import ChatRequest, Generation
 
 from .conftest import LoopThread, ProxySession, RunningProxy, closing
 from .upstream import Upstream

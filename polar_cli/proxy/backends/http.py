@@ -15,8 +15,8 @@ from pydantic import Field
 from polar_cli.errors import BackendError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_after, with_retries
-from polar_cli.proxy.types import ChatRequest, Generation
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # upstream statuses the harness sees as they are after retries; any other 5xx is the proxy's 502 Bad Gateway

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from polar_cli.errors import ConfigError
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
-from polar_cli.proxy.types import ChatRequest, Generation
 
 
 class OpenAICompatClient(HttpChatClient):

@@ -22,10 +22,9 @@ from polar_cli.config import read_data_file
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
+from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
-from polar_cli.proxy.streaming import UpstreamStream
-from polar_cli.proxy.types import ChatRequest, Generation
 
 
 class ScriptFunction(StrictModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from polar_cli.errors import BackendError
+from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.http import HttpChatClient, base_generation
-from polar_cli.proxy.types import ChatRequest, Generation
 
 _SWITCHES = {"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True}
 

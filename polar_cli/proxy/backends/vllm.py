@@ -10,10 +10,10 @@ import aiohttp
 import orjson
 
 from polar_cli.errors import BackendError
+from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, UpstreamStream
 from polar_cli.proxy.backends.http import HttpChatClient, base_generation, upstream_error
 from polar_cli.proxy.retry import with_retries
-from polar_cli.proxy.streaming import UpstreamStream, UpstreamStreamError, sse_chunks
-from polar_cli.proxy.types import ChatRequest, Generation, JsonTokenIds
+from polar_cli.proxy.streaming import UpstreamStreamError, sse_chunks
 
 _SWITCHES = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 

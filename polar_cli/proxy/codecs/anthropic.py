@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 import orjson
 
 from polar_cli.models import Provider
+from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart
 from polar_cli.proxy.codecs.anthropic_input import decode_request
 from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, load_arguments, new_id, sign_thinking, stable_id
 from polar_cli.proxy.sse import sse_event
-from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_cli.errors import ProtocolError, brief
+from polar_cli.models.chat import ChatRequest
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
@@ -32,7 +33,6 @@ from polar_cli.proxy.codecs.common import (
     url_part,
     user_content,
 )
-from polar_cli.proxy.types import ChatRequest
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from polar_cli.models import Provider
-from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
+from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart
 
 
 @dataclass

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 from polar_cli.errors import ProtocolError
 from polar_cli.models import Provider
+from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart
 from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, load_arguments, new_id, seal_thought, stable_id
 from polar_cli.proxy.codecs.google_input import decode_request
 from polar_cli.proxy.sse import sse_event
-from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 _STATUS = {

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from polar_cli.errors import ProtocolError, brief
+from polar_cli.models.chat import ChatRequest
 from polar_cli.proxy.codecs.common import (
     data_url_part,
     dump_arguments,
@@ -39,7 +40,6 @@ from polar_cli.proxy.codecs.common import (
     url_part,
     user_content,
 )
-from polar_cli.proxy.types import ChatRequest
 
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto", "MODE_UNSPECIFIED": None}
 _GENERATION_PARAMS = (

@@ -17,9 +17,9 @@ import orjson
 
 from polar_cli.errors import ProtocolError, brief
 from polar_cli.models import Provider
+from polar_cli.models.chat import SAMPLING_PARAMS, ChatRequest, Generation, StreamDelta, StreamStart
 from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import each_object, tool_objects
-from polar_cli.proxy.types import SAMPLING_PARAMS, ChatRequest, Generation, StreamDelta, StreamStart
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _ERROR_TYPES = {

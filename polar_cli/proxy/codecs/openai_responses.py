@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 import orjson
 
 from polar_cli.models import Provider
+from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart
 from polar_cli.proxy.codecs.base import Codec, Route, StreamEncoder
 from polar_cli.proxy.codecs.common import chunks, seal_thought, stable_id
 from polar_cli.proxy.codecs.openai_responses_input import decode_request
 from polar_cli.proxy.codecs.openai_responses_tools import TOOL_SEARCH, custom_input
-from polar_cli.proxy.types import ChatRequest, Generation, StreamDelta, StreamStart
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _ERROR_TYPES = {

@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 from polar_cli.errors import ProtocolError, brief
+from polar_cli.models.chat import ChatRequest
 from polar_cli.proxy.codecs.common import unseal_thought, user_content
 from polar_cli.proxy.codecs.openai_responses_tools import (
     TOOL_SEARCH,
@@ -36,7 +37,6 @@ from polar_cli.proxy.codecs.openai_responses_tools import (
     response_format,
     tool_choice,
 )
-from polar_cli.proxy.types import ChatRequest
 
 # Response fields echoed back from the request (the API echoes them on every Response object).
 _ECHO_FIELDS = (

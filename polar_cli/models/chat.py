@@ -1,14 +1,16 @@
-"""The proxy's internal currency: a normalized chat request in, a generation with token ids out.
+"""What passes between the proxy and an inference backend: a normalized chat request in, a generation with token
+ids out (and, for pass-through streaming, an :class:`UpstreamStream` of chunks).
 
-Every provider codec decodes its wire request into a :class:`ChatRequest` (OpenAI Chat Completions semantics) and
-encodes a :class:`Generation` back into its own wire shape. Backends only ever see ChatRequest and return Generation.
+Every provider codec in ``polar_cli.proxy`` decodes its wire request into a :class:`ChatRequest` (OpenAI Chat
+Completions semantics) and encodes a :class:`Generation` back into its own wire shape. Backends
+(``polar_cli.interfaces.BackendClient``) only ever see ChatRequest and return Generation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import orjson
 
@@ -203,3 +205,11 @@ class StreamDelta:
             fragment = {"index": index, "id": call.get("id"), "function": function}
             pieces.append(cls(tool_calls=[fragment]))
         return pieces
+
+
+class UpstreamStream(Protocol):
+    """An open upstream stream: its chunks in order, and a way to stop it."""
+
+    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    def abort(self) -> None: ...
