@@ -23,8 +23,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 from polar_cli.client import AsyncPolarClient
 from polar_cli.config import set_dotted
 from polar_cli.errors import ConfigError, PolarError
-from polar_cli.gateway.config import PipelineConfig
-from polar_cli.gateway.node import GatewayConfig
+from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.generate.ledger import Ledger, ResultRow
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
 from polar_cli.proxy.config import ProxyConfig

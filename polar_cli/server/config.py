@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from polar_cli.gateway.node import GatewayConfig
+from polar_cli.gateway.config import GatewayConfig
 from polar_cli.models import StrictModel
 
 Role = Literal["all", "server", "gateway"]

@@ -26,7 +26,8 @@ from aiohttp import web
 
 from polar_cli.errors import ProxyError
 from polar_cli.gateway.agent import GatewayAgent
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.gateway.config import GatewayConfig
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.http import new_token
 from polar_cli.proxy.server import listen_url
 from polar_cli.server.app import create_app

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from polar_cli.errors import ConfigError, UnknownComponentError
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.gateway.config import GatewayConfig
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.gateway.session_driver import check_task
 from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models import PrepareAction, RuntimeSpec, TaskRequest
