@@ -52,10 +52,10 @@ from polar_cli.models.service import SessionBatch
 
 
 def _serve_child(data_dir: str, token: str, heartbeat_s: float, conn: Connection) -> None:
-    """Child process: ``polar serve --role server`` through its Python API (``polar_cli.server.launch.serve``) on a
+    """Child process: ``polar serve --role server`` through its Python API (``polar_cli.launch.serve``) on a
     free port; sends the URL, serves until the pipe closes."""
-    from polar_cli.server.config import ServeConfig, ServerConfig
-    from polar_cli.server.launch import serve
+    from polar_cli.launch import ServeConfig, serve
+    from polar_cli.server.config import ServerConfig
 
     server = ServerConfig(
         port=0, data_dir=Path(data_dir), token=token, heartbeat_interval_s=heartbeat_s,

@@ -14,9 +14,8 @@ import typer
 
 from polar_cli.config import read_data_file
 from polar_cli.errors import ConfigError
+from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
-from polar_cli.server.config import ServeConfig
-from polar_cli.server.launch import INFO_FILE, ServeInfo, serve
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:

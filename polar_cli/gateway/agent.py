@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 
 from polar_cli.errors import ConfigError, SessionError
+from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import SessionResult
 from polar_cli.models.service import ATTEMPT_KEY, HeartbeatAnswer, RegisterAnswer
-from polar_cli.server.config import AgentConfig
 
 log = logging.getLogger(__name__)
 SERVER_TOKEN_ENV = "POLAR_SERVER_TOKEN"

@@ -1,5 +1,5 @@
-"""A gateway's configuration (pure models): the node (``GatewayConfig``) and its staged pipeline (``PipelineConfig``:
-pool sizes, buffers and default budgets)."""
+"""A gateway's configuration (pure models): the node (``GatewayConfig``), its staged pipeline (``PipelineConfig``:
+pool sizes, buffers and default budgets) and its link to a rollout server (``AgentConfig``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator
 
+from polar_cli.backoff import Backoff
 from polar_cli.http import new_token
+from polar_cli.ids import SessionId
 from polar_cli.models import StrictModel
 from polar_cli.proxy.config import ProxyConfig
 
@@ -78,3 +80,11 @@ class GatewayConfig(StrictModel):
         journal = self.proxy.journal_dir or self.data_dir / "journal"
         return self.proxy.model_copy(update={"journal_dir": journal, "control_token": self.control_token})
 
+
+class AgentConfig(StrictModel):
+    """A gateway's link to its server: where it is, the token to register with, and how callbacks are retried."""
+
+    server_url: str | None = None
+    server_token: str | None = Field(default=None, description="default: $POLAR_SERVER_TOKEN")
+    node_id: SessionId | None = Field(default=None, description="default: kept in the data dir from the first register")
+    retry: Backoff = Field(default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0))

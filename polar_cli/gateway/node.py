@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,25 +20,21 @@ from polar_cli.gateway.config import GatewayConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
-from polar_cli.gateway.session_driver import GatewaySessionDriver, check_task
+from polar_cli.gateway.session_driver import GatewaySessionDriver
 from polar_cli.http import app_runner, status_for
-from polar_cli.ids import id_part
+from polar_cli.ids import session_id_for
 from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch
+from polar_cli.models.task import without_script
 from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
+from polar_cli.task_check import check_task
 
 BACKEND_CHECK_S = 5.0
 """How long the start-up check of the backend waits for its answer."""
 
 log = logging.getLogger(__name__)
-
-
-def session_id_for(task_id: str, sample_index: int) -> str:
-    """``<task id, made safe>-<sample>-<random>``: readable and unique."""
-    slug = id_part(task_id) or "task"
-    return f"{slug}-{sample_index}-{secrets.token_hex(4)}"
 
 
 class GatewayNode:
@@ -109,7 +104,7 @@ class GatewayNode:
             budget=SessionBudget.for_task(task, self.config.pipeline),
             task=task,
             sample_index=sample_index,
-            metadata={k: v for k, v in task.metadata.items() if k != "script"},
+            metadata=without_script(task.metadata),
         )
 
     def check(self, task: TaskRequest) -> None:

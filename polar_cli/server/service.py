@@ -31,9 +31,8 @@ import httpx
 import orjson
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
-from polar_cli.gateway.node import session_id_for
-from polar_cli.gateway.session_driver import check_task
 from polar_cli.http import bearer_matches, new_token
+from polar_cli.ids import session_id_for
 from polar_cli.models import SessionResult, TaskRequest, TaskStatus
 from polar_cli.models.service import (
     ATTEMPT_KEY,
@@ -55,6 +54,7 @@ from polar_cli.server.config import ServerConfig
 from polar_cli.server.scheduler import NodeLoad, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
+from polar_cli.task_check import check_task
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "POLAR_TOKEN"
