@@ -46,7 +46,7 @@ from rich.table import Table
 from polar_cli.client import AsyncPolarClient
 from polar_cli.http import guarded, json_response
 from polar_cli.models import SessionResult, TaskRequest, Trajectory
-from polar_cli.models.service import SessionBatch
+from polar_cli.node_protocol import SessionBatch
 
 # ---- the server, in a child process -----------------------------------------------------------------------------
 

@@ -1,13 +1,14 @@
-"""A gateway node's HTTP routes: parse and check each call, then one GatewayNode method.
+"""A gateway node's HTTP routes (the node side of ``polar_cli.node_protocol``): parse and check each call, then one
+GatewayNode method.
 
 Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Authorization: Bearer <control_token>``
 (the config's, generated when none is given; the command layer prints it):
 
 | route | what |
 |---|---|
-| ``POST /sessions`` | ``{task: TaskRequest, sample_index?, session_id?}``: one full session → 201 ``{session_id}`` |
+| ``POST /sessions`` | ``SingleSession``: one full session → 201 ``SessionCreated`` |
 | ``POST /sessions/batch`` | ``SessionBatch`` (each task once, then the sessions) → 200 ``SessionBatchAnswer`` |
-| ``GET /sessions/{id}`` | ``{session_id, stage, stage_seconds, result?}`` (finished ones also from the result store) |
+| ``GET /sessions/{id}`` | ``SessionInfo``: stage, stage seconds, the result once there (also from the result store) |
 | ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
 | ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
 | ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
@@ -26,13 +27,13 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
 from polar_cli.http import ERROR_SHAPE, Handler, error_response, guarded, json_errors, json_response, read_json
-from polar_cli.ids import SessionId, check_session_id
-from polar_cli.models import StrictModel, TaskRequest, validate_model
-from polar_cli.models.service import SessionBatch, SessionBatchAnswer
+from polar_cli.ids import check_session_id
+from polar_cli.models import validate_model
+from polar_cli.node_protocol import SessionBatch, SessionBatchAnswer, SessionCreated, SingleSession
 from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
 
 if TYPE_CHECKING:
@@ -41,14 +42,6 @@ if TYPE_CHECKING:
 PROXY_PREFIX = "/proxy"
 
 DRAINING = "the gateway is draining: it takes no new sessions"
-
-
-class SessionCreate(StrictModel):
-    """Body of ``POST /sessions``: one session (one sample) of a task."""
-
-    task: TaskRequest
-    sample_index: int = Field(default=0, ge=0)
-    session_id: SessionId | None = None
 
 
 def _json(model: BaseModel, status: int = 200) -> web.Response:
@@ -68,10 +61,11 @@ def create_app(node: GatewayNode) -> web.Application:
         if node.draining:
             return error_response(503, DRAINING)
         data = await read_json(request, source="POST /sessions")
-        spec = validate_model(SessionCreate, data, source="POST /sessions")
-        job = await node.submit(spec.task, spec.sample_index, spec.session_id)
-        return json_response({"session_id": job.session_id, "task_id": job.task_id, "sample_index": job.sample_index,
-                              "stage": str(job.stage)}, 201)  # fmt: skip
+        spec = validate_model(SingleSession, data, source="POST /sessions")
+        job = await node.submit(spec.task, spec.sample_index, spec.session_id, attempt=spec.attempt)
+        created = SessionCreated(session_id=job.session_id, task_id=job.task_id, sample_index=job.sample_index,
+                                 stage=str(job.stage))  # fmt: skip
+        return _json(created, 201)
 
     async def create_batch(request: web.Request) -> web.Response:
         if node.draining:
@@ -81,7 +75,8 @@ def create_app(node: GatewayNode) -> web.Application:
         return _json(SessionBatchAnswer(sessions=await node.submit_batch(batch)))
 
     async def describe(request: web.Request) -> web.Response:
-        return json_response(node.describe(check_session_id(request.match_info["session_id"])))
+        info = node.describe(check_session_id(request.match_info["session_id"]))
+        return json_response(info.model_dump(mode="json", exclude_unset=True))
 
     async def result(request: web.Request) -> web.Response:
         session_id = check_session_id(request.match_info["session_id"])

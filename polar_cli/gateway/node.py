@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -24,8 +23,8 @@ from polar_cli.gateway.session_driver import GatewaySessionDriver
 from polar_cli.http import app_runner, status_for
 from polar_cli.ids import session_id_for
 from polar_cli.models import SessionResult, TaskRequest, validate_model
-from polar_cli.models.service import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch
 from polar_cli.models.task import without_script
+from polar_cli.node_protocol import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionInfo
 from polar_cli.proxy.server import listen_url
 from polar_cli.proxy.sessions import session_options
 from polar_cli.proxy.state import ProxyState
@@ -98,13 +97,19 @@ class GatewayNode:
 
     # ---- Python API ---------------------------------------------------------------------------------------------
 
-    def job_for(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+    def job_for(
+        self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None, attempt: int | None = None
+    ) -> SessionJob:
+        metadata = without_script(task.metadata)
+        if attempt is not None:
+            metadata[ATTEMPT_KEY] = attempt  # the result says which attempt it is (the agent reports it so)
         return SessionJob(
             session_id=session_id or session_id_for(task.task_id, sample_index),
             budget=SessionBudget.for_task(task, self.config.pipeline),
             task=task,
             sample_index=sample_index,
-            metadata=without_script(task.metadata),
+            metadata=metadata,
+            attempt=attempt,
         )
 
     def check(self, task: TaskRequest) -> None:
@@ -113,20 +118,27 @@ class GatewayNode:
         check_task(task)
         session_options(self.proxy.backend, task.metadata, None)
 
-    async def submit(self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None) -> SessionJob:
+    async def submit(
+        self, task: TaskRequest, sample_index: int = 0, session_id: str | None = None, *, attempt: int | None = None
+    ) -> SessionJob:
         self.check(task)
-        if session_id is not None and self._is_new_attempt(session_id, task):
-            self.pipeline.forget(session_id)  # the rollout server runs a session that ended here once more
-        return await self.pipeline.submit(self.job_for(task, sample_index, session_id))
+        return await self._submit_checked(task, sample_index, session_id, attempt)
 
-    def _is_new_attempt(self, session_id: str, task: TaskRequest) -> bool:
-        """The session ended here, and ``task`` carries a later attempt number (``polar_attempt``) than it did."""
+    async def _submit_checked(
+        self, task: TaskRequest, sample_index: int, session_id: str | None, attempt: int | None
+    ) -> SessionJob:
+        if session_id is not None and self._is_new_attempt(session_id, attempt):
+            self.pipeline.forget(session_id)  # the rollout server runs a session that ended here once more
+        return await self.pipeline.submit(self.job_for(task, sample_index, session_id, attempt))
+
+    def _is_new_attempt(self, session_id: str, attempt: int | None) -> bool:
+        """The session ended here, and ``attempt`` is later than the attempt it ran as."""
         try:
             previous = self.pipeline.get(session_id)
         except SessionError:
             return False
-        before, now = previous.metadata.get(ATTEMPT_KEY), task.metadata.get(ATTEMPT_KEY)
-        return previous.result is not None and isinstance(before, int) and isinstance(now, int) and now > before
+        before = previous.attempt
+        return previous.result is not None and before is not None and attempt is not None and attempt > before
 
     async def submit_task(self, task: TaskRequest) -> list[SessionJob]:
         """All ``num_samples`` sessions of ``task``."""
@@ -137,17 +149,18 @@ class GatewayNode:
         jobs = await self.submit_task(task)
         return [await self.pipeline.wait(job.session_id) for job in jobs]
 
-    def describe(self, session_id: str) -> dict[str, Any]:
+    def describe(self, session_id: str) -> SessionInfo:
+        """Where the session is (``GET /sessions/{id}``); SessionError when this node does not know it."""
         try:
             job = self.pipeline.get(session_id)
         except SessionError:
             result = self.store.read(session_id)  # SessionError when unknown here too
-            return {"session_id": session_id, "stage": "finished", "result": result.model_dump(mode="json")}
-        out: dict[str, Any] = {"session_id": session_id, "task_id": job.task_id, "sample_index": job.sample_index,
-                               "stage": str(job.stage), "stage_seconds": job.stage_seconds()}  # fmt: skip
+            return SessionInfo(session_id=session_id, stage="finished", result=result)
+        info = SessionInfo(session_id=session_id, task_id=job.task_id, sample_index=job.sample_index,
+                           stage=str(job.stage), stage_seconds=job.stage_seconds())  # fmt: skip
         if job.result is not None:
-            out["result"] = job.result.model_dump(mode="json")
-        return out
+            info.result = job.result  # set only when there is one: the answer has no "result" key before
+        return info
 
     async def submit_batch(self, batch: SessionBatch) -> list[BatchSessionAnswer]:
         """Each session of ``batch`` as ``POST /sessions`` would create it; a refused one does not stop the others.
@@ -168,12 +181,7 @@ class GatewayNode:
             try:
                 if isinstance(task_or_error, Exception):
                     raise task_or_error
-                task = task_or_error
-                if spec.attempt is not None:
-                    task = task.model_copy(update={"metadata": {**task.metadata, ATTEMPT_KEY: spec.attempt}})
-                if self._is_new_attempt(spec.session_id, task):
-                    self.pipeline.forget(spec.session_id)
-                await self.pipeline.submit(self.job_for(task, spec.sample_index, spec.session_id))
+                await self._submit_checked(task_or_error, spec.sample_index, spec.session_id, spec.attempt)
             except Exception as exc:
                 answers.append(BatchSessionAnswer(session_id=spec.session_id, accepted=False, status=status_for(exc),
                                                   error=str(exc)[:500]))  # fmt: skip

@@ -31,7 +31,6 @@ from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.harness import Harness
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
 from polar_cli.models import Completion, TaskRequest, Trajectory, TrajectoryStatus
-from polar_cli.models.task import without_script
 from polar_cli.proxy.state import ProxyState
 from polar_cli.registry import get_evaluator, get_harness
 from polar_cli.runtimes import start_session
@@ -133,7 +132,7 @@ class GatewaySessionDriver:
             session_id=job.session_id,
             task_id=task.task_id,
             harness=task.agent.harness,
-            task_metadata=without_script(task.metadata),
+            task_metadata=dict(job.metadata),  # the task's, without the scripted backend's script, with the attempt
             status=status,
             tokenizer=tokenizer.name_or_path if tokenizer is not None else None,
             tokenizer_source=tokenizer.source if tokenizer is not None else None,

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from polar_cli.errors import ConfigError
 from polar_cli.http import Handler, guarded, json_errors, json_response, read_json
 from polar_cli.models import TaskRequest, validate_model
-from polar_cli.models.service import HeartbeatBody, RegisterBody, SessionResultBody
+from polar_cli.node_protocol import HeartbeatBody, RegisterBody, SessionResultBody
 from polar_cli.server.service import RolloutServer
 
 MAX_BODY_MB = 256
