@@ -32,9 +32,8 @@ import httpx
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
 from polar_cli.http import bearer_matches, new_token
 from polar_cli.ids import session_id_for
-from polar_cli.models import SessionResult, TaskRequest, TaskStatus
+from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
 from polar_cli.models.service import TERMINAL_TASK_STATES, NodeStatus, ServiceStatus, SubmitAnswer
-from polar_cli.models.service import NodeLoad as NodeLoadStatus
 from polar_cli.node_protocol import (
     ATTEMPT_KEY,
     BatchSession,
@@ -52,7 +51,7 @@ from polar_cli.node_protocol import (
 )
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
-from polar_cli.server.scheduler import NodeLoad, choose_node
+from polar_cli.server.scheduler import NodeView, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
 from polar_cli.task_check import check_task
@@ -206,26 +205,13 @@ class RolloutServer:
 
     def overview(self) -> ServiceStatus:
         """``GET /rollout/status`` (blocking: the app awaits :meth:`service_status`, which runs this off the loop)."""
-        assigned = self.store.assigned_counts()
+        views = self._views(self.store.nodes(), self.store.assigned_counts())
         nodes = []
-        for node in self.store.nodes():
+        for node, view in views:
             live = self._live.get(node.node_id)
-            load = NodeLoadStatus(
-                run_slots=node.run_slots,
-                assigned=assigned.get(node.node_id, 0),
-                running=live.running if live else 0,
-                queued=live.queued if live else 0,
-            )
-            nodes.append(
-                NodeStatus(
-                    node_id=node.node_id,
-                    url=node.url,
-                    healthy=self._healthy(node.node_id),
-                    draining=node.draining or (live is not None and live.draining),
-                    load=load,
-                    last_heartbeat=live.last_heartbeat if live else None,
-                )
-            )
+            load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
+            nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
+                                    load=load, last_heartbeat=live.last_heartbeat if live else None))  # fmt: skip
         return ServiceStatus(
             tasks=self.store.task_counts(),
             nodes=nodes,
@@ -329,22 +315,22 @@ class RolloutServer:
 
     # ---- dispatch -----------------------------------------------------------------------------------------------
 
-    def _loads(self, assigned: dict[str, int]) -> list[NodeLoad]:
+    def _views(self, nodes: Iterable[NodeRow], assigned: dict[str, int]) -> list[tuple[NodeRow, NodeView]]:
+        """Each node's row merged with what the server knows of it live: what scheduling and the status both use."""
         out = []
-        for node in self._nodes.values():
+        for node in nodes:
             live = self._live.get(node.node_id)
-            out.append(
-                NodeLoad(
-                    node_id=node.node_id,
-                    run_slots=node.run_slots,
-                    healthy=self._healthy(node.node_id),
-                    draining=node.draining or (live is not None and live.draining),
-                    assigned=assigned.get(node.node_id, 0),
-                    running=live.running if live else 0,
-                    queued=live.queued if live else 0,
-                    reserved=live.reserved if live else 0,
-                )
+            view = NodeView(
+                node_id=node.node_id,
+                run_slots=node.run_slots,
+                healthy=self._healthy(node.node_id),
+                draining=node.draining or (live is not None and live.draining),
+                assigned=assigned.get(node.node_id, 0),
+                running=live.running if live else 0,
+                queued=live.queued if live else 0,
+                reserved=live.reserved if live else 0,
             )
+            out.append((node, view))
         return out
 
     async def _dispatch_loop(self) -> None:
@@ -363,7 +349,8 @@ class RolloutServer:
         pending = await self.threads.read(self.store.sessions, states=("pending",), limit=DISPATCH_BATCH)
         if not pending:
             return
-        loads = {n.node_id: n for n in self._loads(await self.threads.read(self.store.assigned_counts))}
+        assigned = await self.threads.read(self.store.assigned_counts)
+        loads = {view.node_id: view for _, view in self._views(self._nodes.values(), assigned)}
         chosen: list[tuple[SessionRow, str]] = []
         for row in pending:
             node = choose_node(
