@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import warnings
@@ -13,20 +12,6 @@ import typer
 from polar_cli import __version__
 from polar_cli.errors import PolarError
 
-# One module per command under polar_cli.commands; each exposes ``register(app)``.
-COMMAND_MODULES: tuple[str, ...] = (
-    "polar_cli.commands.plugins",
-    "polar_cli.commands.harness",
-    "polar_cli.commands.doctor",
-    "polar_cli.commands.proxy",
-    "polar_cli.commands.run",
-    "polar_cli.commands.serve",
-    "polar_cli.commands.generate",
-    "polar_cli.commands.export",
-    "polar_cli.commands.submit",
-    "polar_cli.commands.status",
-)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -35,7 +20,7 @@ def _version(value: bool) -> None:
 
 
 def build_app() -> typer.Typer:
-    """The CLI with built-in commands and every plugin's ``register_commands``."""
+    """The CLI: every ``register_commands``, the built-in commands' (``polar_cli.plugins.commands``) first."""
     app = typer.Typer(
         name="polar",
         help="Polar: agentic RL on any harness. Run unchanged agent CLIs through a token-capturing gateway.",
@@ -51,9 +36,6 @@ def build_app() -> typer.Typer:
         ),
     ) -> None:
         """Polar: agentic RL on any harness."""
-
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(app)
 
     from polar_cli.registry import get_plugin_manager
 

@@ -6,7 +6,6 @@
     ├── ConfigError                  bad user input: a task file, a spec, a CLI option (names field and file)
     ├── PluginError                  a plugin failed to load, registered a bad or duplicate name
     │   └── UnknownComponentError    a name nobody registered (lists the available names)
-    ├── NotImplementedYetError       a declared placeholder component was used
     ├── ProxyError                   the gateway proxy could not serve a call
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
     │   │   └── BodyTooLargeError    a request body over the proxy's limit (413)
@@ -56,12 +55,6 @@ class PluginError(PolarError):
 
 class UnknownComponentError(PluginError):
     """A component name that no plugin registered."""
-
-    http_status = 400
-
-
-class NotImplementedYetError(PolarError):
-    """A declared placeholder component was used."""
 
     http_status = 400
 

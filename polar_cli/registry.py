@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pluggy
+from pydantic import BaseModel
 
 from polar_cli import hookspecs
 from polar_cli.errors import PluginError, UnknownComponentError
@@ -40,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "polar_cli.plugins.harnesses",
     "polar_cli.plugins.evaluators",
     "polar_cli.plugins.builders",
+    "polar_cli.plugins.commands",
 )
 
 # category -> (hook name, interface)
@@ -157,6 +159,14 @@ class Registry:
             name = getattr(component, "name", "")
             if not isinstance(name, str) or not name:
                 raise PluginError(f"{source} registered a {kind} without a name: {type(component).__qualname__}")
+            options = getattr(component, "options", None)
+            if not (isinstance(options, type) and issubclass(options, BaseModel)) or (
+                options.model_config.get("extra") != "forbid"
+            ):
+                raise PluginError(
+                    f"{source} registered {kind} {name!r} whose options are not a strict pydantic model "
+                    "(extra='forbid': subclass StrictModel)"
+                )
             existing = self._by_kind[kind].get(name)
             if existing is not None:
                 raise PluginError(f"duplicate {kind} name {name!r}: registered by {existing.source} and by {source}")

@@ -64,6 +64,17 @@ def test_imports_resolve_every_form(tmp_path: Path) -> None:
     assert targets == ["a.b", "c.d", "pkg.sub.e", "pkg.f.g", "typing.TYPE_CHECKING", "h.i", "j"]
 
 
+def test_plugin_packages_import_only_polar_cli_api() -> None:
+    assert [path.name for path in PLUGIN_PACKAGES] == ["polar_claude_code", "polar_codex", "polar_swebench"]
+    outside = [
+        f"{found.where} imports {found.target}"
+        for package in PLUGIN_PACKAGES
+        for found in package_imports(package)
+        if within(found.target, "polar_cli") and not within(found.target, "polar_cli.api")
+    ]
+    assert outside == [], "a plugin package imports polar_cli.api only"
+
+
 def test_server_and_gateway_import_nothing_from_each_other() -> None:
     """They speak through ``polar_cli.node_protocol``; what starts both (``polar_cli.launch``) lives outside both."""
     crossing = [

@@ -104,6 +104,8 @@ def test_duplicate_names_name_both_sources(tmp_path, monkeypatch) -> None:
         ("register(Echo)", "registered the class Echo"),
         ("register(object())", "does not subclass Harness"),
         ("Echo.name = ''\n    register(Echo())", "without a name"),
+        ("Echo.options = dict\n    register(Echo())", "options are not a strict pydantic model"),
+        ("import pydantic\n    Echo.options = pydantic.create_model('Loose')\n    register(Echo())", "extra='forbid'"),
     ],
 )
 def test_bad_registrations(tmp_path, monkeypatch, body: str, message: str) -> None:

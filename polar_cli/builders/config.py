@@ -6,14 +6,11 @@ Session facts (ids, harness, task metadata, status) are not configuration: they 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from polar_cli.errors import ConfigError
 from polar_cli.models import StrictModel
-from polar_cli.models.base import describe_validation_error
 
 
 class BuilderConfig(StrictModel):
@@ -31,10 +28,3 @@ class BuilderConfig(StrictModel):
             raise ValueError("eos_token_id list is empty")
         return value
 
-
-def parse_config(builder: str, config: Mapping[str, Any]) -> BuilderConfig:
-    """Validate a builder config; unknown or ill-typed keys become a ConfigError naming the field."""
-    try:
-        return BuilderConfig.model_validate(dict(config))
-    except ValidationError as exc:
-        raise ConfigError(f"builder {builder!r}: {describe_validation_error(exc, BuilderConfig)}") from exc

@@ -1,1 +1,2 @@
-"""CLI commands, one module each; every module exposes ``register(app)``."""
+"""CLI commands, one module each; every module exposes ``register(app)``, called by the built-in
+``register_commands`` (``polar_cli.plugins.commands``)."""

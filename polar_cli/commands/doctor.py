@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from polar_cli.commands.output import stdout_console
 from polar_cli.harnesses.doctor import DEFAULT_IMAGE, DoctorReport, run_doctor
 from polar_cli.registry import get_harness
 
@@ -18,7 +18,7 @@ MARKS = {"pass": "[green]ok[/green]", "fail": "[red]FAIL[/red]", "skip": "[yello
 
 
 def _print(report: DoctorReport) -> None:
-    console = Console()
+    console = stdout_console()
     table = Table("step", "", "detail", title=f"polar doctor: {report.harness} in the {report.runtime} runtime")
     for step in report.steps:
         table.add_row(step.name, MARKS[step.status], step.detail)

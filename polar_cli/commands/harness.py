@@ -6,9 +6,9 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from polar_cli.commands.output import stdout_console
 from polar_cli.harnesses.manage import install_harnesses, list_harnesses
 
 harness_app = typer.Typer(help="List and install harness CLIs (pinned versions, Polar-managed npm prefixes).")
@@ -24,7 +24,7 @@ def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     table = Table("harness", "package", "version", "installed", "location")
     for row in rows:
         table.add_row(row.name, row.package, row.version, "yes" if row.installed else "no", row.location)
-    Console().print(table)
+    stdout_console().print(table)
 
 
 @harness_app.command("install")

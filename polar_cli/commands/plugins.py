@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polar_cli.commands.output import stdout_console
 from polar_cli.registry import allowed_entry_points, get_registry, installed_entry_points
 
 
@@ -63,7 +63,7 @@ def plugins(
     table = Table("kind", "name", "package", "version", "description")
     for row in components:
         table.add_row(*(escape(str(row[k])) for k in ("kind", "name", "package", "version", "description")))
-    console = Console()
+    console = stdout_console()
     console.print(table)
     if disabled:
         console.print("Installed but not loaded (POLAR_LOAD_PLUGINS):")

@@ -139,7 +139,7 @@ class DemoDataset(Dataset):
     options = DemoOptions
 
     def tasks(self, **config: Any) -> Iterator[TaskRequest]:
-        options = DemoOptions.model_validate(config)
+        options: DemoOptions = self.parse_config(config)
         names = options.tasks if options.tasks is not None else list(TASKS)
         unknown = [n for n in names if n not in TASKS]
         if unknown:

@@ -109,7 +109,7 @@ class HFDataset(Dataset):
     options = HFDatasetOptions
 
     def tasks(self, **config: Any) -> Iterator[TaskRequest]:
-        options = validate_model(HFDatasetOptions, config, source="dataset 'hf' options")
+        options: HFDatasetOptions = self.parse_config(config)
         rows = load_rows(options)
         columns = set(rows.column_names) | {"_index"}
         wanted = {options.instruction, options.task_id, *_strings(options.task)}

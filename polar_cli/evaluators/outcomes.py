@@ -7,7 +7,6 @@ import xml.etree.ElementTree as ET
 
 from polar_cli.errors import EvaluationError
 
-OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # `pytest -rA` short summary: "PASSED tests/x.py::t", "FAILED tests/x.py::t - AssertionError: ..."
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$")

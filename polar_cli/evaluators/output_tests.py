@@ -18,17 +18,16 @@ in the fresh runtime with ``git apply``. A patch that does not apply scores 0.0 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from polar_cli.errors import EvaluationError, PolarError
 from polar_cli.evaluators.outcomes import parse_junit_xml, parse_pytest_output
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult, Evaluator
 from polar_cli.interfaces.runtime import ExecResult, RuntimeHandle
-from polar_cli.models import StrictModel, validate_model
+from polar_cli.models import StrictModel
 
 # The diff from the fresh runtime's HEAD when the agent's repo has that commit (so the agent's own commits are in the
 # patch), else from the agent's HEAD; untracked files are included (`git add -A`).
@@ -134,13 +133,11 @@ def score(config: OutputTestConfig, outcomes: dict[str, str]) -> tuple[float, di
 class OutputTestEvaluator(Evaluator):
     name: ClassVar[str] = "test_on_output"
     description: ClassVar[str] = "run the task's test command in the runtime; score by exit code or expected tests"
-    needs_runtime: ClassVar[bool] = True
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        validate_model(OutputTestConfig, dict(config), source="evaluator.config (test_on_output)")
+    options: ClassVar[type[BaseModel]] = OutputTestConfig
 
     async def evaluate(self, context: EvaluationContext) -> EvaluationResult:
-        config = validate_model(OutputTestConfig, dict(context.config), source="evaluator.config (test_on_output)")
+        config: OutputTestConfig = self.parse_config(context.config)
         details: dict[str, Any] = {"refreshed": context.fresh_runtime is not None}
         if context.fresh_runtime is not None:
             if context.runtime is None:

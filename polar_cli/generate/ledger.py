@@ -146,9 +146,6 @@ class Ledger:
         query = "SELECT task_id, json_extract(request, ?) FROM tasks"
         return {t: "-" if v is None else str(v) for t, v in self.db.execute(query, (path,))}
 
-    def task_count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
-
     # ---- attempts -----------------------------------------------------------------------------------------------
 
     def attempts(self, task_id: str, sample_index: int) -> list[Attempt]:

@@ -140,13 +140,3 @@ def install(spec: NpmInstall, *, force: bool = False, timeout: float = INSTALL_T
         os.replace(partial, spec.prefix)
         return spec.prefix
 
-
-def installed_info(spec: NpmInstall) -> dict[str, object] | None:
-    """The marker of a finished install, or ``None``."""
-    if not spec.is_installed():
-        return None
-    try:
-        data = json.loads((spec.prefix / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polar_cli.errors import ConfigError
+from pydantic import BaseModel, Field
+
 from polar_cli.harnesses import install as installer
 from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch
+from polar_cli.models import StrictModel
 
 # Every npm CLI: no update prompts from npm-based self-updaters, no colours in captured output.
 COMMON_ENV = {
@@ -53,6 +55,12 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
+class NpmOptions(StrictModel):
+    """``AgentSpec.config`` of an npm harness; an adapter with more options subclasses it."""
+
+    settings: dict[str, Any] = Field(default_factory=dict, description="merged over the adapter's own config file")
+
+
 class NpmHarness(Harness):
     """A harness installed from npm at a pinned version into a Polar-managed prefix."""
 
@@ -60,8 +68,7 @@ class NpmHarness(Harness):
     binary: ClassVar[str] = ""
     extra_packages: ClassVar[tuple[str, ...]] = ()
     allow_scripts: ClassVar[tuple[str, ...]] = ()
-    config_keys: ClassVar[frozenset[str]] = frozenset({"settings"})
-    """``AgentSpec.config`` keys this adapter understands; ``settings`` is merged into its config file."""
+    options: ClassVar[type[BaseModel]] = NpmOptions
 
     @property
     def npm(self) -> installer.NpmInstall:
@@ -87,20 +94,10 @@ class NpmHarness(Harness):
         """The CLI inside the runtime: in the mounted tools dir, else whatever PATH finds."""
         return posixpath.join(context.tools, "bin", self.binary) if context.tools else self.binary
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Only ``config_keys``; ``settings`` is a mapping (subclasses check their own keys, then call this)."""
-        unknown = sorted(set(config) - self.config_keys)
-        if unknown:
-            known = ", ".join(sorted(self.config_keys))
-            raise ConfigError(f"harness {self.name!r}: unknown config {', '.join(unknown)} (known: {known})")
-        if not isinstance(config.get("settings", {}), Mapping):
-            raise ConfigError(f"harness {self.name!r}: config.settings must be a mapping")
-
     def settings(self, context: HarnessContext) -> Mapping[str, Any]:
         """The user's ``config.settings``, to merge over the adapter's own config file."""
-        self.check_config(context.config)
-        value: Mapping[str, Any] = context.config.get("settings", {})
-        return value
+        options: NpmOptions = self.parse_config(context.config)
+        return options.settings
 
     def launch(self, context: HarnessContext) -> HarnessLaunch:
         launch = self.build(context)

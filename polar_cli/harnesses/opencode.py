@@ -14,11 +14,11 @@ with a logged warning only. Config: ``settings`` (merged into opencode.json), ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from polar_cli.errors import ConfigError
-from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
+from pydantic import BaseModel, Field
+
+from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
 OFF_SWITCHES = (
@@ -31,6 +31,12 @@ OFF_SWITCHES = (
 )
 
 
+class OpencodeOptions(NpmOptions):
+    """``AgentSpec.config`` of ``opencode``."""
+
+    model_limits: dict[str, Any] | None = Field(default=None, description="the model's limits, e.g. {context: 32768}")
+
+
 class OpencodeHarness(NpmHarness):
     name: ClassVar[str] = "opencode"
     description: ClassVar[str] = "opencode (opencode-ai), OpenAI chat via @ai-sdk/openai-compatible"
@@ -41,17 +47,13 @@ class OpencodeHarness(NpmHarness):
     provider: ClassVar[str] = "openai"
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
-    config_keys: ClassVar[frozenset[str]] = frozenset({"settings", "model_limits"})
-
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        super().check_config(config)
-        if not isinstance(config.get("model_limits") or {}, Mapping):
-            raise ConfigError("harness 'opencode': config.model_limits must be a mapping (e.g. {context: 32768})")
+    options: ClassVar[type[BaseModel]] = OpencodeOptions
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
+        options: OpencodeOptions = self.parse_config(context.config)
         model_entry: dict[str, Any] = {"name": context.model}
-        if context.config.get("model_limits"):
-            model_entry["limit"] = dict(context.config["model_limits"])
+        if options.model_limits:
+            model_entry["limit"] = dict(options.model_limits)
         config: dict[str, Any] = {
             "$schema": "https://opencode.ai/config.json",
             "provider": {
@@ -75,7 +77,7 @@ class OpencodeHarness(NpmHarness):
                 "doom_loop": "allow",
             },
         }
-        config = deep_merge(config, self.settings(context))
+        config = deep_merge(config, options.settings)
         home = context.home
         env = {
             "XDG_CONFIG_HOME": f"{home}/.config",

@@ -11,15 +11,26 @@ into the provider entry of models.json, e.g. ``{"compat": {...}}``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from polar_cli.errors import ConfigError
-from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
+from pydantic import BaseModel, Field
+
+from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
+PiApi = Literal["openai-completions", "openai-responses", "anthropic-messages"]
 # pi's api name -> the session base URL family it talks to
-APIS = {"openai-completions": "openai", "openai-responses": "openai", "anthropic-messages": "anthropic"}
+APIS: dict[PiApi, str] = {
+    "openai-completions": "openai",
+    "openai-responses": "openai",
+    "anthropic-messages": "anthropic",
+}
+
+
+class PiOptions(NpmOptions):
+    """``AgentSpec.config`` of ``pi``."""
+
+    api: PiApi = Field(default="openai-completions", description="the provider API pi speaks to the session")
 
 
 class PiHarness(NpmHarness):
@@ -30,23 +41,17 @@ class PiHarness(NpmHarness):
     binary: ClassVar[str] = "pi"
     provider: ClassVar[str] = "openai"
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
-    config_keys: ClassVar[frozenset[str]] = frozenset({"settings", "api"})
-
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        super().check_config(config)
-        if config.get("api", "openai-completions") not in APIS:
-            raise ConfigError(f"harness 'pi': config api must be one of {', '.join(APIS)}")
+    options: ClassVar[type[BaseModel]] = PiOptions
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
-        self.check_config(context.config)
-        api = str(context.config.get("api", "openai-completions"))
+        options: PiOptions = self.parse_config(context.config)
         provider: dict[str, Any] = {
-            "baseUrl": context.base_url(APIS[api]),
-            "api": api,
+            "baseUrl": context.base_url(APIS[options.api]),
+            "api": options.api,
             "apiKey": context.api_key,
             "models": [{"id": context.model, "name": context.model}],
         }
-        provider = deep_merge(provider, self.settings(context))
+        provider = deep_merge(provider, options.settings)
         agent_dir = f"{context.home}/.pi/agent"
         return HarnessLaunch(
             argv=["--print", "--no-session", "--mode", "json", "--provider", "polar", "--model", context.model],

@@ -14,20 +14,38 @@ first, e.g. a small agent script. Its doctor run uses Polar's reference agent (`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
-from polar_cli.errors import ConfigError, HarnessError, RuntimeFailure
+from pydantic import BaseModel, Field, field_validator
+
+from polar_cli.errors import HarnessError, RuntimeFailure
 from polar_cli.harnesses.install import harness_root
 from polar_cli.harnesses.npm import ARG_LIMIT
 from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch
+from polar_cli.models import StrictModel
 from polar_cli.runtimes.tools import ensure_node
 
 INSTRUCTION_FILE = ".polar/instruction.txt"
 REFERENCE_AGENT = ".polar/reference_agent.mjs"
-CONFIG_KEYS = {"command", "shell", "files"}
+
+
+class ShellOptions(StrictModel):
+    """``AgentSpec.config`` of ``shell``."""
+
+    command: str | list[str] = Field(default="", validate_default=True, description="argv list, or a shell string")
+    shell: str = Field(default="bash", description="the shell that runs a command string (name or path)")
+    files: dict[str, str] = Field(default_factory=dict, description="path (relative to the home) -> text")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if (isinstance(value, str) and value.strip()) or (
+            isinstance(value, list) and value and all(isinstance(part, str) for part in value)
+        ):
+            return value
+        raise ValueError("must be a non-empty string or list of strings")
 
 
 def reference_agent_source() -> str:
@@ -57,6 +75,7 @@ class ShellHarness(Harness):
     description: ClassVar[str] = "any command (argv, or a bash string); the instruction via $POLAR_INSTRUCTION(_FILE)"
     provider: ClassVar[str] = "openai"
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
+    options: ClassVar[type[BaseModel]] = ShellOptions
 
     def tools_dir(self) -> Path | None:
         """A tools dir holding just ``bin/node``, so commands (and the reference agent) have Node in any image."""
@@ -71,27 +90,10 @@ class ShellHarness(Harness):
         except RuntimeFailure as exc:
             raise HarnessError(f"harness 'shell': {exc}") from exc
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        unknown = sorted(set(config) - CONFIG_KEYS)
-        if unknown:
-            raise ConfigError(f"harness 'shell': unknown config {', '.join(unknown)} (known: command, files, shell)")
-        command = config.get("command")
-        if not (isinstance(command, str) and command.strip()) and not (
-            isinstance(command, list) and command and all(isinstance(part, str) for part in command)
-        ):
-            raise ConfigError("harness 'shell': config.command must be a non-empty string or list of strings")
-        if not isinstance(config.get("shell", "bash"), str):
-            raise ConfigError("harness 'shell': config.shell must be the name or path of a shell")
-        files = config.get("files", {})
-        if not isinstance(files, Mapping) or not all(isinstance(v, str) for v in files.values()):
-            raise ConfigError("harness 'shell': config.files must map paths (relative to the home) to text")
-
     def launch(self, context: HarnessContext) -> HarnessLaunch:
-        config: Mapping[str, Any] = context.config
-        self.check_config(config)
-        command = config["command"]
-        argv = [str(config.get("shell", "bash")), "-c", command] if isinstance(command, str) else list(command)
-        files = config.get("files", {})
+        options: ShellOptions = self.parse_config(context.config)
+        command = options.command
+        argv = [options.shell, "-c", command] if isinstance(command, str) else list(command)
         instruction_file = f"{context.home}/{INSTRUCTION_FILE}"
         env = {**gateway_env(context), "POLAR_INSTRUCTION_FILE": instruction_file}
         if len(context.instruction.encode()) <= ARG_LIMIT:
@@ -99,7 +101,7 @@ class ShellHarness(Harness):
         return HarnessLaunch(
             argv=argv,
             env=env,
-            files={**{str(k): v for k, v in files.items()}, INSTRUCTION_FILE: context.instruction},
+            files={**options.files, INSTRUCTION_FILE: context.instruction},
             cwd=context.workdir,
         )
 

@@ -46,9 +46,6 @@ class Builder(Component):
 
     kind: ClassVar[str] = "builder"
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Raise ConfigError naming the field when ``config`` is invalid (called when a task is submitted)."""
-
     @abstractmethod
     def build(self, completions: list[Completion], config: Mapping[str, Any], context: BuildContext) -> Trajectory:
         """Turn one session's completions, in capture order, into a trajectory."""

@@ -79,11 +79,6 @@ class Evaluator(Component):
     """An evaluation strategy (``session_completion``, ``test_on_output``, ...)."""
 
     kind: ClassVar[str] = "evaluator"
-    needs_runtime: ClassVar[bool] = False
-    """Whether :meth:`evaluate` uses ``context.runtime`` (or ``fresh_runtime``)."""
-
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Raise ConfigError naming the field when ``config`` is invalid (called when a session is created)."""
 
     @abstractmethod
     async def evaluate(self, context: EvaluationContext) -> EvaluationResult:

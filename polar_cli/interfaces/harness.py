@@ -17,12 +17,13 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
+
+from pydantic import ValidationError
 
 from polar_cli.errors import HarnessError
 from polar_cli.interfaces.base import Component
-
-ProviderFamily = Literal["openai", "anthropic", "google"]
+from polar_cli.models.base import describe_config_keys_error
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class HarnessContext:
     tools: str | None = None
     session_id: str = ""
     config: Mapping[str, Any] = field(default_factory=dict)
-    """``AgentSpec.config``: adapter-specific options (each adapter documents its keys)."""
+    """``AgentSpec.config``: the adapter's own options (its ``options`` model; ``Harness.parse_config`` reads them)."""
 
     def base_url(self, family: str) -> str:
         try:
@@ -120,9 +121,9 @@ class Harness(Component):
         """The host directory the runtime mounts read-only as the tools dir (its ``bin`` first on PATH), if any."""
         return None
 
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        """Raise ConfigError naming the key when ``config`` (``AgentSpec.config``) is not one this adapter accepts.
-        Called when a task is submitted; the default accepts anything."""
+    def describe_config_error(self, exc: ValidationError) -> str:
+        """In the words of ``agent.config`` keys: ``unknown config x (known: settings)``, ``config api must be ...``."""
+        return describe_config_keys_error(exc, self.options)
 
     @abstractmethod
     def launch(self, context: HarnessContext) -> HarnessLaunch:

@@ -24,9 +24,12 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import ValidationError
 
 from polar_cli.interfaces.base import Component
+from polar_cli.models.base import describe_config_keys_error
 
 if TYPE_CHECKING:
     from polar_cli.models.task import RuntimeSpec
@@ -204,9 +207,15 @@ class Runtime(Component):
 
     kind: ClassVar[str] = "runtime"
 
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        """Raise ConfigError naming the field when ``spec`` (its ``config`` above all) is not one this runtime can
-        start. Called when a task is submitted, possibly on another machine: check the spec, not the host."""
+    def check_spec(self, spec: RuntimeSpec) -> Any:
+        """``spec.config`` parsed as :attr:`options`; ConfigError naming the field when ``spec`` is not one this
+        runtime can start. Called when a task is submitted, possibly on another machine: check the spec, not the
+        host. Override to check the spec's other fields, then return ``super().check_spec(spec)``."""
+        return self.parse_config(spec.config)
+
+    def describe_config_error(self, exc: ValidationError) -> str:
+        """In the words of ``runtime.config`` keys: ``unknown config x (known: ...)``, ``config pull must be ...``."""
+        return describe_config_keys_error(exc, self.options)
 
     @abstractmethod
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> RuntimeHandle:

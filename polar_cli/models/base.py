@@ -69,6 +69,26 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     return "; ".join(lines)
 
 
+def describe_config_keys_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """Like :func:`describe_validation_error`, in the words of a ``config`` mapping's keys: ``unknown config a, b
+    (known: x, y)``, ``config api must be one of 'p' or 'q'``, ``config settings must be a mapping``."""
+    errors = exc.errors()
+    unknown = sorted(_location(tuple(e["loc"])) for e in errors if e["type"] == "extra_forbidden")
+    known = ", ".join(sorted(model.model_fields))
+    parts = [f"unknown config {', '.join(unknown)} (known: {known})"] if unknown else []
+    for err in errors:
+        where, kind, context = f"config {_location(tuple(err['loc']))}", err["type"], err.get("ctx") or {}
+        if kind == "literal_error":
+            parts.append(f"{where} must be one of {context.get('expected')}")
+        elif kind in ("dict_type", "mapping_type"):
+            parts.append(f"{where} must be a mapping")
+        elif kind == "value_error":
+            parts.append(f"{where} {context.get('error')}")
+        elif kind != "extra_forbidden":
+            parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
 def validate_model(model: type[M], data: Any, *, source: str | None = None) -> M:
     """Validate ``data`` as ``model``; a failure becomes a ConfigError naming the fields and the source."""
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterBackend, hookimpl
 from polar_cli.interfaces import BackendClient, InferenceBackend
 from polar_cli.models import validate_model
 
@@ -53,6 +53,6 @@ class ScriptedBackend(InferenceBackend):
 
 
 @hookimpl
-def register_backends(register: Register) -> None:
+def register_backends(register: RegisterBackend) -> None:
     for backend in (VllmBackend(), SglangBackend(), OpenAIBackend(), ScriptedBackend()):
         register(backend)

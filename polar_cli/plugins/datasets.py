@@ -11,7 +11,7 @@ from polar_cli.config import read_data_file
 from polar_cli.datasets.demo import DemoDataset
 from polar_cli.datasets.hf import HFDataset
 from polar_cli.errors import ConfigError
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterDataset, hookimpl
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest, validate_model
 
@@ -30,10 +30,10 @@ class TaskFileDataset(Dataset):
     options = TaskFileOptions
 
     def tasks(self, **config: Any) -> Iterator[TaskRequest]:
-        raw_path = config.get("path")
-        if not raw_path:
+        options: TaskFileOptions = self.parse_config(config)
+        if not options.path:
             raise ConfigError("dataset 'tasks_file' needs config 'path'")
-        path = Path(raw_path)
+        path = Path(options.path)
         if path.suffix.lower() == ".jsonl":
             try:
                 lines = path.read_text(encoding="utf-8").splitlines()
@@ -55,7 +55,7 @@ class TaskFileDataset(Dataset):
 
 
 @hookimpl
-def register_datasets(register: Register) -> None:
+def register_datasets(register: RegisterDataset) -> None:
     register(TaskFileDataset())
     register(DemoDataset())
     register(HFDataset())

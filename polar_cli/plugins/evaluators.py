@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from polar_cli.evaluators import OutputTestEvaluator, SessionCompletionEvaluator
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterEvaluator, hookimpl
 
 
 @hookimpl
-def register_evaluators(register: Register) -> None:
+def register_evaluators(register: RegisterEvaluator) -> None:
     register(SessionCompletionEvaluator())
     register(OutputTestEvaluator())

@@ -10,11 +10,11 @@ from polar_cli.harnesses.opencode import OpencodeHarness
 from polar_cli.harnesses.pi import PiHarness
 from polar_cli.harnesses.qwen_code import QwenCodeHarness
 from polar_cli.harnesses.shell import ShellHarness
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.hookspecs import RegisterHarness, hookimpl
 
 
 @hookimpl
-def register_harnesses(register: Register) -> None:
+def register_harnesses(register: RegisterHarness) -> None:
     register(ShellHarness())
     register(PiHarness())
     register(QwenCodeHarness())

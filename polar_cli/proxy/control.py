@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from polar_cli.proxy.state import ProxyState
 
 
-class SessionCreate(StrictModel):
+class ProxySessionCreate(StrictModel):
     """Body of ``POST /sessions``. ``script`` and ``backend_options`` are checked against the backend's per-session
     allow-list: a script is an inline list of turns, never a path."""
 
@@ -44,7 +44,7 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
 
     async def create(request: web.Request) -> web.Response:
         data = await read_json(request, source="POST /sessions", default={})
-        spec = validate_model(SessionCreate, data, source="POST /sessions")
+        spec = validate_model(ProxySessionCreate, data, source="POST /sessions")
         options = dict(spec.backend_options)
         if spec.script is not None:
             if "script" in options:

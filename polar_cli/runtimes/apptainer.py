@@ -22,22 +22,33 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
-    KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
-    Runtime,
     RuntimeContext,
     RuntimeProcess,
 )
+from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, read_pid
+from polar_cli.runtimes.base import terminate_all
+from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, ContainerRuntime, read_pid
 from polar_cli.runtimes.process import HostProcess
-from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
+from polar_cli.runtimes.scratch import Scratch
 
-CONFIG_KEYS = {"binary", "overlay", "containall", "options"}
+
+class ApptainerOptions(StrictModel):
+    """``RuntimeSpec.config`` of ``apptainer``."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # options: ["--cpus", 2]
+
+    binary: str | None = Field(default=None, description="default: apptainer, then singularity, on PATH")
+    overlay: bool | str = Field(default=True, description="true: a per-session dir; false: none; else that overlay")
+    containall: bool = Field(default=True, description="own PID/IPC namespaces, no host home, clean env")
+    options: list[str] = Field(default_factory=list, description="extra `instance start` flags, e.g. [--nv]")
 
 
 def find_binary(configured: str | None = None) -> str:
@@ -103,9 +114,8 @@ class ApptainerHandle(ContainerHandle):
             env[self._prefix + "PREPEND_PATH"] = self._prepend_path
         return env
 
-    def start_options(self, spec: RuntimeSpec, context: RuntimeContext) -> list[str]:
-        config = spec.config
-        options: list[str] = ["--containall"] if config.get("containall", True) else []
+    def start_options(self, spec: RuntimeSpec, config: ApptainerOptions, context: RuntimeContext) -> list[str]:
+        options: list[str] = ["--containall"] if config.containall else []
         for host, target, read_only in self.binds(context):
             if target == HOME_PATH:
                 options += ["--home", f"{host}:{target}"]
@@ -113,7 +123,7 @@ class ApptainerHandle(ContainerHandle):
                 options += _bind(host, target, read_only)
         for mount in spec.mounts:
             options += _bind(mount.source, mount.target, mount.read_only)
-        overlay = config.get("overlay", True)
+        overlay = config.overlay
         if overlay is True:
             overlay_dir = self.scratch.root / "overlay"
             overlay_dir.mkdir(exist_ok=True)
@@ -126,7 +136,7 @@ class ApptainerHandle(ContainerHandle):
             options += ["--cpus", f"{spec.cpus:g}"]
         if spec.memory is not None:
             options += ["--memory", spec.memory]
-        options += [str(option) for option in config.get("options") or []]
+        options += config.options
         return options
 
     def exec_argv(self, argv: list[str], cwd: str | None) -> list[str]:
@@ -169,52 +179,25 @@ class ApptainerHandle(ContainerHandle):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(killer.wait(), 30)
 
-    async def _shutdown(self, grace: float) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            live = [p for p in self._processes if p.process.returncode is None]
-            await asyncio.gather(*(p.terminate(grace) for p in live), return_exceptions=True)
-            if self.instance is not None:
-                await asyncio.to_thread(self.instance.stop, timeout=max(1, int(grace)), quiet=True)
-        finally:
-            await asyncio.to_thread(self.scratch.remove)
-
-    async def cancel(self) -> None:
-        await self._shutdown(0.0)
-
-    async def stop(self) -> None:
-        await self._shutdown(KILL_GRACE_SECONDS)
+    async def release(self, grace: float) -> None:
+        await terminate_all(self._processes, grace)
+        if self.instance is not None:
+            await asyncio.to_thread(self.instance.stop, timeout=max(1, int(grace)), quiet=True)
 
 
-def _check_spec(spec: RuntimeSpec) -> dict[str, Any]:
-    if not spec.image:
-        raise ConfigError("runtime 'apptainer' needs 'image' (a .sif path or a URI such as docker://...)")
-    unknown = sorted(set(spec.config) - CONFIG_KEYS)
-    if unknown:
-        known = ", ".join(sorted(CONFIG_KEYS))
-        raise ConfigError(f"runtime 'apptainer': unknown config {', '.join(unknown)} (known: {known})")
-    options = spec.config.get("options", [])
-    if not isinstance(options, list):
-        raise ConfigError("runtime 'apptainer': config options must be a list of flags")
-    return spec.config
-
-
-class ApptainerRuntime(Runtime):
+class ApptainerRuntime(ContainerRuntime):
     name: ClassVar[str] = "apptainer"
     description: ClassVar[str] = "one rootless Apptainer instance per session (needs the apptainer extra)"
-
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        _check_spec(spec)
+    options: ClassVar[type[BaseModel]] = ApptainerOptions
+    image_hint: ClassVar[str] = " (a .sif path or a URI such as docker://...)"
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> ApptainerHandle:
-        config = _check_spec(spec)
-        binary = find_binary(config.get("binary"))
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "apptainer", context.scratch_root)
+        config: ApptainerOptions = self.check_spec(spec)
+        binary = find_binary(config.binary)
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
         handle = ApptainerHandle(scratch, context, spec, binary)
         try:
-            options = handle.start_options(spec, context)
+            options = handle.start_options(spec, config, context)
             instance = make_instance(str(spec.image), handle.name, binary)
             environ = handle.host_env()
             await asyncio.to_thread(instance.start, options=options, capture=True, environ=environ, quiet=True)
@@ -226,13 +209,7 @@ class ApptainerRuntime(Runtime):
             raise
         return handle
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        removed = []
-        for root in leftovers("apptainer", scratch_root, everything=everything):
-            with contextlib.suppress(RuntimeFailure):
-                binary = find_binary()
-                instance = make_instance("", instance_name(Scratch(root)), binary)
-                await asyncio.to_thread(instance.stop, timeout=1, quiet=True)
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+    async def release_leftover(self, root: Path) -> None:
+        with contextlib.suppress(RuntimeFailure):
+            instance = make_instance("", instance_name(Scratch(root)), find_binary())
+            await asyncio.to_thread(instance.stop, timeout=1, quiet=True)

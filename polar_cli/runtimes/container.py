@@ -1,4 +1,4 @@
-"""What the container runtimes (docker, apptainer) share: the fixed mount layout and file copies.
+"""What the container runtimes (docker, apptainer) share: the image check, the fixed mount layout and file copies.
 
 Host scratch dirs are bind-mounted at fixed paths: ``session`` at /polar/session, ``home`` at /polar/home, ``run`` at
 /polar/run (control files: pid files, stdin), the tools dir read-only at /polar/tools. Files under the first two are
@@ -14,18 +14,19 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
-from polar_cli.errors import RuntimeFailure
+from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
     RUN_PATH,
     SESSION_PATH,
     TOOLS_PATH,
     RuntimeContext,
-    RuntimeHandle,
 )
+from polar_cli.models.task import RuntimeSpec
+from polar_cli.runtimes.base import ScratchHandle, ScratchRuntime
 from polar_cli.runtimes.files import copy_path, under, write_bytes
 from polar_cli.runtimes.scratch import Scratch, remove_tree
 
@@ -34,17 +35,14 @@ EXEC_SCRIPT = 'p="$1"; i="$2"; shift 2; echo $$ >"$p"; exec "$@" <"$i"'
 KILL_SCRIPT = 'kill -s "$1" -- "-$2" 2>/dev/null; kill -s "$1" "$2" 2>/dev/null; true'
 
 
-class ContainerHandle(RuntimeHandle):
+class ContainerHandle(ScratchHandle):
     """Base of the docker and apptainer handles: layout, argv wrapping and file operations."""
 
     def __init__(self, scratch: Scratch, context: RuntimeContext) -> None:
-        self.session_id = context.session_id
-        self.scratch = scratch
-        self.session_dir = scratch.session
+        super().__init__(scratch, context.session_id)
         self.session_path = SESSION_PATH
         self.home_path = HOME_PATH
         self.tools_path = TOOLS_PATH if context.tools_dir else None
-        self.closed = False
         self._counter = itertools.count()
 
     def binds(self, context: RuntimeContext) -> list[tuple[str, str, bool]]:
@@ -57,13 +55,6 @@ class ContainerHandle(RuntimeHandle):
         if context.tools_dir:
             binds.append((str(Path(context.tools_dir).resolve()), TOOLS_PATH, True))
         return binds
-
-    def check_argv(self, argv: Sequence[str]) -> list[str]:
-        if self.closed:
-            raise RuntimeFailure(f"session {self.session_id}: runtime already stopped")
-        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
-            raise RuntimeFailure("a command is a non-empty list of strings (never a shell string)")
-        return list(argv)
 
     async def control_files(self, stdin: bytes | None) -> tuple[Path, list[str]]:
         """A fresh pid file (host path) and the wrapper argv prefix (``sh -c EXEC_SCRIPT ...``)."""
@@ -136,6 +127,18 @@ class ContainerHandle(RuntimeHandle):
             await self._in_container(["chmod", f"{mode:o}", path], f"chmod of {path}")
         finally:
             remove_tree(staged)
+
+
+class ContainerRuntime(ScratchRuntime):
+    """Base of the docker and apptainer runtimes: a spec names the image its sessions start from."""
+
+    image_hint: ClassVar[str] = ""
+    """What ``image`` may be, said when a spec lacks it."""
+
+    def check_spec(self, spec: RuntimeSpec) -> Any:
+        if not spec.image:
+            raise ConfigError(f"runtime {self.name!r} needs 'image'{self.image_hint}")
+        return super().check_spec(spec)
 
 
 def read_pid(pid_file: Path) -> int | None:

@@ -18,7 +18,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
@@ -26,23 +28,39 @@ from polar_cli.interfaces.runtime import (
     KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
-    Runtime,
     RuntimeContext,
     RuntimeProcess,
     Stream,
 )
+from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.runtimes.container import KILL_SCRIPT, ContainerHandle, open_dirs_for_container_users, read_pid
+from polar_cli.runtimes.container import (
+    KILL_SCRIPT,
+    ContainerHandle,
+    ContainerRuntime,
+    open_dirs_for_container_users,
+    read_pid,
+)
 from polar_cli.runtimes.process import OutputQueue
-from polar_cli.runtimes.scratch import Scratch, leftovers, owner_alive, remove_tree
+from polar_cli.runtimes.scratch import Scratch, owner_alive, remove_tree
 
 LABEL_SESSION = "polar.session"
 LABEL_RUNTIME = "polar.runtime"
 LABEL_OWNER = "polar.owner"
 LABEL_SCRATCH = "polar.scratch"
-CONFIG_KEYS = {"pull", "user", "init", "command"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 T = TypeVar("T")
+
+
+class DockerOptions(StrictModel):
+    """``RuntimeSpec.config`` of ``docker``."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # user: 1000
+
+    pull: Literal["missing", "never", "always"] = Field(default="missing", description="when to pull the image")
+    user: str | None = Field(default=None, description="the container's user (name, uid or uid:gid)")
+    init: bool = Field(default=True, description="run docker's init as PID 1")
+    command: list[str] | None = Field(default=None, description="argv of the keep-alive process")
 
 
 def docker_client() -> Any:
@@ -240,30 +258,28 @@ class DockerHandle(ContainerHandle):
         with contextlib.suppress(RuntimeFailure):
             await call("kill", self.container.exec_run, ["/bin/sh", "-c", KILL_SCRIPT, "sh", sig, str(pid)])
 
-    async def _shutdown(self, grace: float) -> None:
-        if self.closed:
+    async def release(self, grace: float) -> None:
+        if self.container is None:
             return
-        self.closed = True
+        if grace > 0:
+            with contextlib.suppress(RuntimeFailure):
+                await call("stop", self.container.stop, timeout=int(max(1, grace)))
         try:
-            if self.container is not None:
-                if grace > 0:
-                    with contextlib.suppress(RuntimeFailure):
-                        await call("stop", self.container.stop, timeout=int(max(1, grace)))
-                try:
-                    await call("remove", self.container.remove, force=True, v=True)
-                except RuntimeFailure as exc:
-                    if not _is_not_found(exc):
-                        raise
-        finally:
+            await call("remove", self.container.remove, force=True, v=True)
+        except RuntimeFailure as exc:
+            if not _is_not_found(exc):
+                raise
+
+    async def remove_scratch(self) -> None:
+        try:
             try:
-                try:
-                    await asyncio.to_thread(self.scratch.remove)
-                except PermissionError:
-                    await self._hand_back_files()
-                    await asyncio.to_thread(self.scratch.remove)
-            finally:
-                with contextlib.suppress(Exception):
-                    self.client.close()
+                await super().remove_scratch()
+            except PermissionError:
+                await self._hand_back_files()
+                await super().remove_scratch()
+        finally:
+            with contextlib.suppress(Exception):
+                self.client.close()
 
     async def _hand_back_files(self) -> None:
         """Files the container's root wrote cannot be deleted by a non-root host user: chown them back first."""
@@ -279,27 +295,9 @@ class DockerHandle(ContainerHandle):
             remove=True,
         )
 
-    async def cancel(self) -> None:
-        await self._shutdown(0.0)
-
-    async def stop(self) -> None:
-        await self._shutdown(KILL_GRACE_SECONDS)
-
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _check_spec(spec: RuntimeSpec) -> dict[str, Any]:
-    if not spec.image:
-        raise ConfigError("runtime 'docker' needs 'image'")
-    unknown = sorted(set(spec.config) - CONFIG_KEYS)
-    if unknown:
-        known = ", ".join(sorted(CONFIG_KEYS))
-        raise ConfigError(f"runtime 'docker': unknown config {', '.join(unknown)} (known: {known})")
-    if spec.config.get("pull", "missing") not in ("missing", "never", "always"):
-        raise ConfigError("runtime 'docker': config pull must be missing, never or always")
-    return spec.config
 
 
 def _check_mounts(spec: RuntimeSpec) -> None:
@@ -309,25 +307,23 @@ def _check_mounts(spec: RuntimeSpec) -> None:
             raise ConfigError(f"runtime 'docker': mount source {mount.source!r} must be an existing absolute path")
 
 
-class DockerRuntime(Runtime):
+class DockerRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
     description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
-
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        _check_spec(spec)
+    options: ClassVar[type[BaseModel]] = DockerOptions
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> DockerHandle:
-        config = _check_spec(spec)
+        options: DockerOptions = self.check_spec(spec)
         _check_mounts(spec)
         client = await asyncio.to_thread(docker_client)
-        image = await self._image(client, str(spec.image), config.get("pull", "missing"))
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "docker", context.scratch_root)
+        image = await self._image(client, str(spec.image), options.pull)
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
         open_dirs_for_container_users(scratch)
         handle = DockerHandle(scratch, context, client, spec.workdir or SESSION_PATH)
         handle.image_id = image.id
         try:
             handle.container = await call("container create", client.containers.create, **self._create_args(
-                spec, context, handle, image, config))  # fmt: skip
+                spec, context, handle, image, options))  # fmt: skip
             await call("container start", handle.container.start)
         except BaseException:
             await handle.cancel()
@@ -346,7 +342,7 @@ class DockerRuntime(Runtime):
         return await call(f"pull of {image!r}", client.images.pull, image)
 
     def _create_args(
-        self, spec: RuntimeSpec, context: RuntimeContext, handle: DockerHandle, image: Any, config: dict[str, Any]
+        self, spec: RuntimeSpec, context: RuntimeContext, handle: DockerHandle, image: Any, options: DockerOptions
     ) -> dict[str, Any]:
         image_env = dict(e.split("=", 1) for e in (image.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
         env = {**context.env, **spec.env}
@@ -358,7 +354,7 @@ class DockerRuntime(Runtime):
             volumes[mount.source] = {"bind": mount.target, "mode": "ro" if mount.read_only else "rw"}
         args: dict[str, Any] = {
             "image": image.id,
-            "command": list(config.get("command") or ["sleep", "infinity"]),
+            "command": options.command or ["sleep", "infinity"],
             "name": f"polar-{handle.scratch.root.name}",
             "labels": {
                 LABEL_SESSION: context.session_id,
@@ -370,15 +366,15 @@ class DockerRuntime(Runtime):
             "working_dir": handle.workdir,
             "network_mode": spec.network or "host",
             "volumes": volumes,
-            "init": bool(config.get("init", True)),
+            "init": options.init,
             "detach": True,
         }
         if spec.cpus is not None:
             args["nano_cpus"] = int(spec.cpus * 1e9)
         if spec.memory is not None:
             args["mem_limit"] = spec.memory
-        if config.get("user"):
-            args["user"] = str(config["user"])
+        if options.user:
+            args["user"] = options.user
         return args
 
     async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
@@ -402,7 +398,4 @@ class DockerRuntime(Runtime):
                         await asyncio.to_thread(remove_tree, Path(scratch))
         finally:
             client.close()
-        for root in leftovers("docker", scratch_root, everything=everything):
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+        return removed + await super().cleanup(everything=everything, scratch_root=scratch_root)

@@ -20,7 +20,9 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, Field
 
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
@@ -28,18 +30,23 @@ from polar_cli.interfaces.runtime import (
     KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
-    Runtime,
     RuntimeContext,
-    RuntimeHandle,
     RuntimeProcess,
 )
+from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
+from polar_cli.runtimes.base import ScratchHandle, ScratchRuntime, terminate_all
 from polar_cli.runtimes.files import copy_path, under, write_bytes
 from polar_cli.runtimes.process import POLL_SECONDS, HostProcess
-from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
+from polar_cli.runtimes.scratch import Scratch
 
-ISOLATION_MODES = ("auto", "namespace", "none")
-CONFIG_KEYS = {"isolation"}
+
+class LocalOptions(StrictModel):
+    """``RuntimeSpec.config`` of ``local``."""
+
+    isolation: Literal["auto", "namespace", "none"] = Field(
+        default="auto", description="namespace: a private mount namespace per command; auto: that when it works"
+    )
 
 # Runs as `sh -c NS_SCRIPT polar-ns ROOT PARENT CWD ARGV...` inside `unshare --mount`: hide every session's scratch
 # under a tmpfs, then bind this session's root back (via the still-open cwd: /proc/self/cwd, not canonicalized).
@@ -97,17 +104,14 @@ async def kill_marked(marker: bytes, grace: float) -> None:
             sig = signal.SIGKILL
 
 
-class LocalHandle(RuntimeHandle):
+class LocalHandle(ScratchHandle):
     def __init__(self, scratch: Scratch, spec: RuntimeSpec, context: RuntimeContext, isolation: str) -> None:
-        self.session_id = context.session_id
-        self.scratch = scratch
-        self.session_dir = scratch.session
+        super().__init__(scratch, context.session_id)
         self.session_path = str(scratch.session)
         self.home_path = str(scratch.home)
         self.tools_path = str(context.tools_dir) if context.tools_dir else None
         self.isolation = isolation
         self._processes: list[HostProcess] = []
-        self._closed = False
         env = base_environment()
         if self.tools_path:
             env["PATH"] = f"{self.tools_path}/bin:{env['PATH']}"
@@ -151,15 +155,12 @@ class LocalHandle(RuntimeHandle):
         cwd: str | None = None,
         stdin: bytes | None = None,
     ) -> RuntimeProcess:
-        if self._closed:
-            raise RuntimeFailure(f"session {self.session_id}: runtime already stopped")
-        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
-            raise RuntimeFailure("a command is a non-empty list of strings (never a shell string)")
+        command = self.check_argv(argv)
         workdir = self.host_path(cwd) if cwd else self._workdir
         if not workdir.is_dir():
             raise RuntimeFailure(f"session {self.session_id}: working directory {workdir} does not exist")
         process = await HostProcess.start(
-            self._wrap(list(argv), workdir), env={**self._env, **(env or {})}, cwd=workdir, stdin=stdin
+            self._wrap(command, workdir), env={**self._env, **(env or {})}, cwd=workdir, stdin=stdin
         )
         self._processes.append(process)
         return process
@@ -176,37 +177,35 @@ class LocalHandle(RuntimeHandle):
     async def write_file(self, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
         await write_bytes(self.host_path(path), content, mode)
 
-    async def _shutdown(self, grace: float) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            live = [p for p in self._processes if p.process.returncode is None]
-            await asyncio.gather(*(p.terminate(grace) for p in live))
-            await kill_marked(self._marker, grace)
-            for process in self._processes:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(process.wait(), KILL_GRACE_SECONDS)
-        finally:
-            await asyncio.to_thread(self.scratch.remove)
-
-    async def cancel(self) -> None:
-        await self._shutdown(0.0)
-
-    async def stop(self) -> None:
-        await self._shutdown(KILL_GRACE_SECONDS)
+    async def release(self, grace: float) -> None:
+        await terminate_all(self._processes, grace)
+        await kill_marked(self._marker, grace)
+        for process in self._processes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), KILL_GRACE_SECONDS)
 
 
-class LocalRuntime(Runtime):
+class LocalRuntime(ScratchRuntime):
     name: ClassVar[str] = "local"
     description: ClassVar[str] = "host processes in a private session dir and home (mount-namespace isolated)"
 
-    def check_spec(self, spec: RuntimeSpec) -> None:
-        _check_spec(spec)
+    options: ClassVar[type[BaseModel]] = LocalOptions
+
+    def check_spec(self, spec: RuntimeSpec) -> LocalOptions:
+        unsupported = [name for name in ("image", "cpus", "memory") if getattr(spec, name) is not None]
+        if spec.mounts:
+            unsupported.append("mounts")
+        if spec.network not in (None, "host"):
+            unsupported.append("network")
+        if unsupported:
+            fields = ", ".join(unsupported)
+            raise ConfigError(f"runtime 'local' cannot honour {fields}: use backend 'docker' or 'apptainer'")
+        options: LocalOptions = super().check_spec(spec)
+        return options
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> LocalHandle:
-        isolation = _check_spec(spec)
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, "local", context.scratch_root)
+        isolation = self.check_spec(spec).isolation
+        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
         chosen = "none" if isolation == "none" else "namespace"
         handle = LocalHandle(scratch, spec, context, chosen)
         if handle.session_dir in handle._workdir.parents:  # a workdir inside the session dir is made for it
@@ -227,30 +226,6 @@ class LocalRuntime(Runtime):
                 handle.isolation = "none"
         return handle
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        removed = []
-        for root in leftovers("local", scratch_root, everything=everything):
-            await kill_marked(f"POLAR_SESSION_DIR={root / 'session'}".encode(), KILL_GRACE_SECONDS)
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+    async def release_leftover(self, root: Path) -> None:
+        await kill_marked(f"POLAR_SESSION_DIR={root / 'session'}".encode(), KILL_GRACE_SECONDS)
 
-
-def _check_spec(spec: RuntimeSpec) -> str:
-    unsupported = [name for name in ("image", "cpus", "memory") if getattr(spec, name) is not None]
-    if spec.mounts:
-        unsupported.append("mounts")
-    if spec.network not in (None, "host"):
-        unsupported.append("network")
-    if unsupported:
-        fields = ", ".join(unsupported)
-        raise ConfigError(f"runtime 'local' cannot honour {fields}: use backend 'docker' or 'apptainer'")
-    config: dict[str, Any] = spec.config
-    unknown = sorted(set(config) - CONFIG_KEYS)
-    if unknown:
-        known = ", ".join(sorted(CONFIG_KEYS))
-        raise ConfigError(f"runtime 'local': unknown config {', '.join(unknown)} (known: {known})")
-    isolation = config.get("isolation", "auto")
-    if isolation not in ISOLATION_MODES:
-        raise ConfigError(f"runtime 'local': config isolation must be one of {', '.join(ISOLATION_MODES)}")
-    return str(isolation)

@@ -230,3 +230,10 @@ def test_sigint_and_sigterm_stop_run_with_a_note(tmp_path: Path) -> None:
         assert len(note) == 1 and signal.Signals(signum).name in note[0] and str(out) in note[0], err
         results = [json.loads(line) for line in out.read_text().splitlines()]
         assert len(results) == 2 and {r["status"] for r in results} == {"cancelled"}  # kept, not lost
+
+
+def test_listing_tables_keep_every_cell_whole_in_a_pipe(tmp_path: Path) -> None:
+    for args in (["plugins"], ["harness", "list"]):
+        answer = polar(*args, cwd=tmp_path)
+        assert answer.returncode == 0, answer.stderr
+        assert "…" not in answer.stdout and "..." not in answer.stdout, answer.stdout

@@ -114,3 +114,37 @@ def test_plugin_packages_are_installed(package: str) -> None:
     from importlib.metadata import distribution
 
     assert distribution(package).entry_points.select(group="polar")
+
+
+COMMAND_PLUGIN = """
+import typer
+
+from polar_cli import hookimpl
+
+
+@hookimpl
+def register_commands(app):
+    app.command("hello")(lambda: typer.echo("hi"))
+"""
+
+
+def test_builtin_commands_come_through_register_commands_before_a_plugins(tmp_path, monkeypatch) -> None:
+    import click
+    from typer.main import get_command
+
+    from polar_cli.cli import build_app
+    from polar_cli.plugins.commands import register_commands
+    from polar_cli.registry import LOAD_ENV, get_plugin_manager, reset_registry
+
+    write_plugin_dist(tmp_path, package="polar-hello", version="0.1", entry_point="hello", module="polar_hello_cmd",
+                      source=COMMAND_PLUGIN)  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(LOAD_ENV, "hello")
+    reset_registry()
+    hooks = get_plugin_manager().hook.register_commands.get_hookimpls()
+    assert register_commands in [impl.function for impl in hooks]
+    group = get_command(build_app())
+    names = group.list_commands(click.Context(group))
+    assert names == ["run", "generate", "export", "push-hub", "serve", "submit", "status", "proxy", "doctor",
+                     "plugins", "hello", "harness"]  # fmt: skip
+    reset_registry()

@@ -15,9 +15,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from polar_cli.harnesses.npm import NpmHarness, dump_json
-from polar_cli.hookspecs import Register, hookimpl
-from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
+from polar_cli.api import (
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRun,
+    NpmHarness,
+    RegisterHarness,
+    dump_json,
+    hookimpl,
+    json_lines,
+)
 
 MODEL_VARIABLES = (
     "ANTHROPIC_MODEL",
@@ -78,5 +85,5 @@ class ClaudeCodeHarness(NpmHarness):
 
 
 @hookimpl
-def register_harnesses(register: Register) -> None:
+def register_harnesses(register: RegisterHarness) -> None:
     register(ClaudeCodeHarness())

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from polar_cli.harnesses.npm import NpmHarness, deep_merge
-from polar_cli.harnesses.toml import dumps as toml_dumps
-from polar_cli.hookspecs import Register, hookimpl
-from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
+from polar_cli.api import HarnessContext, HarnessLaunch, NpmHarness, RegisterHarness, deep_merge, dump_toml, hookimpl
 
 KEY_VARIABLE = "POLAR_API_KEY"
 
@@ -60,11 +57,11 @@ class CodexHarness(NpmHarness):
         return HarnessLaunch(
             argv=argv,
             env={"CODEX_HOME": f"{context.home}/.codex", KEY_VARIABLE: context.api_key},
-            files={".codex/config.toml": toml_dumps(self.config_toml(context))},
+            files={".codex/config.toml": dump_toml(self.config_toml(context))},
             stdin=context.instruction.encode(),
         )
 
 
 @hookimpl
-def register_harnesses(register: Register) -> None:
+def register_harnesses(register: RegisterHarness) -> None:
     register(CodexHarness())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_cli.hookspecs import Register, hookimpl
+from polar_cli.api import RegisterDataset, RegisterEvaluator, hookimpl
 from polar_swebench.datasets import SkyRLSweGymDataset, SwebenchVerifiedDataset, SweGymDataset, task_for
 from polar_swebench.evaluator import SwebenchHarnessConfig, SwebenchHarnessEvaluator
 from polar_swebench.grading import GradeReport, grade
@@ -24,12 +24,12 @@ __all__ = [
 
 
 @hookimpl
-def register_evaluators(register: Register) -> None:
+def register_evaluators(register: RegisterEvaluator) -> None:
     register(SwebenchHarnessEvaluator())
 
 
 @hookimpl
-def register_datasets(register: Register) -> None:
+def register_datasets(register: RegisterDataset) -> None:
     register(SweGymDataset())
     register(SwebenchVerifiedDataset())
     register(SkyRLSweGymDataset())

@@ -16,13 +16,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from polar_cli import hf_hub
-from polar_cli.errors import ConfigError, PolarError
-from polar_cli.extras import missing, require
-from polar_cli.interfaces import Dataset
-from polar_cli.models import StrictModel, TaskRequest, validate_model
+from polar_cli.api import (
+    ConfigError,
+    Dataset,
+    PolarError,
+    StrictModel,
+    TaskRequest,
+    hub_cause,
+    load_from_hub,
+    missing_dependency,
+    require,
+    validate_model,
+)
 from polar_swebench.images import DEFAULT_PREFIX, DEFAULT_TAG, for_backend, image_name
 from polar_swebench.instance import SweInstance, load_instance
 
@@ -85,7 +92,7 @@ def _read_file(path: Path) -> Iterator[dict[str, Any]]:
             data = json.loads(path.read_text(encoding="utf-8"))
             yield from data if isinstance(data, list) else [data]
     except ImportError as exc:
-        raise missing("pyarrow", needed_by=f"reading {path}") from exc
+        raise missing_dependency("pyarrow", needed_by=f"reading {path}") from exc
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
 
@@ -119,13 +126,13 @@ def hub_rows(hub_id: str, split: str, dataset: str) -> Iterator[dict[str, Any]]:
     datasets = require("datasets", needed_by=f"loading {hub_id} from the hub", distribution="polar-swebench",
                        also=f"; or {local_copy(dataset)}")  # fmt: skip
     try:
-        rows: Iterable[dict[str, Any]] = hf_hub.load_from_hub(
+        rows: Iterable[dict[str, Any]] = load_from_hub(
             lambda: datasets.load_dataset(hub_id, split=split), name=f"{hub_id} (split {split})",
             local_copy=local_copy(dataset))  # fmt: skip
     except PolarError:
         raise
     except Exception as exc:  # auth, unknown split...: the library's own message says which
-        raise ConfigError(f"cannot load {hub_id} (split {split}): {hf_hub.cause(exc)}") from exc
+        raise ConfigError(f"cannot load {hub_id} (split {split}): {hub_cause(exc)}") from exc
     yield from rows
 
 
@@ -134,12 +141,10 @@ class SweDataset(Dataset):
 
     hub_id: ClassVar[str]
     split: ClassVar[str]
+    options: ClassVar[type[BaseModel]] = SweDatasetConfig
 
     def instance_of(self, row: dict[str, Any], source: str) -> SweInstance:
         return load_instance(row, source=source)
-
-    def config(self, **config: Any) -> SweDatasetConfig:
-        return validate_model(SweDatasetConfig, config, source=f"dataset {self.name!r}")
 
     def rows(self, config: SweDatasetConfig) -> Iterator[dict[str, Any]]:
         split = config.split or self.split
@@ -148,7 +153,7 @@ class SweDataset(Dataset):
         return hub_rows(config.hub_id or self.hub_id, split, self.name)
 
     def tasks(self, **raw: Any) -> Iterator[TaskRequest]:
-        config = self.config(**raw)
+        config: SweDatasetConfig = self.parse_config(raw)
         wanted = set(config.instance_ids) if config.instance_ids else None
         count = 0
         for number, row in enumerate(self.rows(config)):

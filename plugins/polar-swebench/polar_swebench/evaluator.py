@@ -21,13 +21,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from polar_cli.errors import ConfigError, EvaluationError, PolarError
-from polar_cli.harnesses.run import tail
-from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult, Evaluator
-from polar_cli.interfaces.runtime import ExecResult, RuntimeHandle
-from polar_cli.models import StrictModel, validate_model
+from polar_cli.api import (
+    ConfigError,
+    EvaluationContext,
+    EvaluationError,
+    EvaluationResult,
+    Evaluator,
+    ExecResult,
+    PolarError,
+    RuntimeHandle,
+    StrictModel,
+    tail,
+)
 from polar_swebench.grading import grade, output_section
 from polar_swebench.instance import SweInstance
 from polar_swebench.patch import DEFAULT_EXCLUDE, DEFAULT_PATCH_COMMAND, GIT_APPLY, PATCH_FALLBACK, filter_patch
@@ -50,10 +57,6 @@ class SwebenchHarnessConfig(StrictModel):
     cwd: str | None = Field(default=None, description="the repository (default: the runtime's workdir)")
     eval_timeout_seconds: float | None = Field(default=1800.0, gt=0, description="the test run's own limit")
     log_dir: str | None = Field(default=None, description="host folder for the full eval logs (<session>.log)")
-
-
-def parse_config(config: Mapping[str, Any]) -> SwebenchHarnessConfig:
-    return validate_model(SwebenchHarnessConfig, dict(config), source=f"evaluator.config ({NAME})")
 
 
 def _limit(seconds: float | None, context: EvaluationContext) -> float | None:
@@ -132,17 +135,18 @@ class SwebenchHarnessEvaluator(Evaluator):
 
     name: ClassVar[str] = NAME
     description: ClassVar[str] = "SWE-bench harness: apply the agent's patch, run FAIL_TO_PASS/PASS_TO_PASS tests"
-    needs_runtime: ClassVar[bool] = True
+
+    options: ClassVar[type[BaseModel]] = SwebenchHarnessConfig
 
     def check_config(self, config: Mapping[str, Any]) -> None:
-        parsed = parse_config(config)
+        parsed: SwebenchHarnessConfig = self.parse_config(config)
         try:
             eval_plan(parsed.instance)
         except EvaluationError as exc:
-            raise ConfigError(f"evaluator.config ({NAME}): {exc}") from exc
+            raise ConfigError(f"evaluator {NAME!r}: {exc}") from exc
 
     async def evaluate(self, context: EvaluationContext) -> EvaluationResult:
-        config = parse_config(context.config)
+        config: SwebenchHarnessConfig = self.parse_config(context.config)
         instance = config.instance
         plan = eval_plan(instance)
         if context.fresh_runtime is None or context.runtime is None:

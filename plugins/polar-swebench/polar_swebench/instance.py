@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from polar_cli.models import validate_model
+from polar_cli.api import validate_model
 
 
 class SweInstance(BaseModel):

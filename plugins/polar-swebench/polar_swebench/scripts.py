@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from polar_cli.errors import EvaluationError
-from polar_cli.evaluators.outcomes import parse_pytest_output
+from polar_cli.api import EvaluationError, parse_pytest_output
 from polar_swebench.instance import SweInstance
 
 Parser = Callable[[str], dict[str, str]]

@@ -1,0 +1,83 @@
+"""What the built-in runtimes share: a handle over one session's scratch dirs, shut down once, and a cleanup that
+finds the scratch dirs of sessions whose owning process died.
+
+:class:`ScratchHandle` owns the shutdown: ``stop()`` (SIGTERM, grace, SIGKILL) and ``cancel()`` (at once) both run
+:meth:`ScratchHandle.release` once, then remove the scratch dirs whatever happened. :class:`ScratchRuntime` owns
+``cleanup``: every leftover scratch dir named after the runtime is released (:meth:`ScratchRuntime.release_leftover`)
+and removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar_cli.errors import RuntimeFailure
+from polar_cli.interfaces.runtime import KILL_GRACE_SECONDS, Runtime, RuntimeHandle
+from polar_cli.runtimes.process import HostProcess
+from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
+
+
+class ScratchHandle(RuntimeHandle):
+    """A session's handle whose host side is one :class:`Scratch` (session, home, tmp and run dirs)."""
+
+    def __init__(self, scratch: Scratch, session_id: str) -> None:
+        self.session_id = session_id
+        self.scratch = scratch
+        self.session_dir = scratch.session
+        self.closed = False
+
+    def check_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as a list, refused when the handle is closed or it is not a non-empty list of strings."""
+        if self.closed:
+            raise RuntimeFailure(f"session {self.session_id}: runtime already stopped")
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise RuntimeFailure("a command is a non-empty list of strings (never a shell string)")
+        return list(argv)
+
+    @abstractmethod
+    async def release(self, grace: float) -> None:
+        """Kill everything the session started (SIGTERM, then SIGKILL after ``grace`` seconds; SIGKILL at once when
+        ``grace`` is 0) and release its container or instance. Called once."""
+
+    async def remove_scratch(self) -> None:
+        """Remove the session's host dirs (after :meth:`release`, whether or not it succeeded)."""
+        await asyncio.to_thread(self.scratch.remove)
+
+    async def _shutdown(self, grace: float) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.release(grace)
+        finally:
+            await self.remove_scratch()
+
+    async def cancel(self) -> None:
+        await self._shutdown(0.0)
+
+    async def stop(self) -> None:
+        await self._shutdown(KILL_GRACE_SECONDS)
+
+
+async def terminate_all(processes: Sequence[HostProcess], grace: float) -> None:
+    """Terminate every host process still running, all at once (one failing does not stop the others)."""
+    live = [p for p in processes if p.process.returncode is None]
+    await asyncio.gather(*(p.terminate(grace) for p in live), return_exceptions=True)
+
+
+class ScratchRuntime(Runtime):
+    """A runtime whose sessions each live in a :class:`Scratch` named after the runtime."""
+
+    async def release_leftover(self, root: Path) -> None:
+        """Stop what a dead session left running under the scratch dir ``root`` (its dir is removed next)."""
+
+    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
+        removed = []
+        for root in leftovers(self.name, scratch_root, everything=everything):
+            await self.release_leftover(root)
+            await asyncio.to_thread(remove_tree, root)
+            removed.append(str(root))
+        return removed

@@ -1,0 +1,103 @@
+"""The docs as tests (as datasette does): every shell and Python block of README.md and docs/*.md either runs in a named
+test or is marked illustrative (``tests/support/docs.py`` has the markers); and every block, illustrative or not, is
+checked for what can rot without anyone running it: each ``polar`` command parses against the real CLI (its command
+and every flag exist), each Python block compiles and its imports resolve, each YAML/TOML/JSON block parses."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import tomllib
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from polar_cli.cli import build_app
+from tests.support.docs import ROOT, Block, all_blocks
+
+BLOCKS = all_blocks()
+CODE = [b for b in BLOCKS if b.language in ("bash", "python")]
+
+
+def ids(blocks: list[Block]) -> list[str]:
+    return [b.where for b in blocks]
+
+
+@pytest.mark.parametrize("block", CODE, ids=ids(CODE))
+def test_every_code_block_is_tested_or_marked_illustrative(block: Block) -> None:
+    assert block.tested_by or block.illustrative, (
+        f"{block.where}: put '<!-- docs: tested by tests/FILE.py::TEST -->' or '<!-- docs: illustrative (why) -->' "
+        "on the line before the fence"
+    )
+    if block.tested_by:
+        file, _, name = block.tested_by.partition("::")
+        assert name, f"{block.where}: name the test: {block.tested_by}"
+        source = ROOT / file
+        assert source.is_file(), f"{block.where}: no such test file {file}"
+        assert f"def {name}(" in source.read_text(), f"{block.where}: {file} has no test {name}"
+
+
+def polar_segments(block: Block) -> list[list[str]]:
+    """Each ``polar ...`` command of a shell block (a line may chain commands with ``&&``), split as the shell
+    would, comments dropped."""
+    commands = []
+    for line in block.text.replace("\\\n", " ").splitlines():
+        for part in line.split("&&"):
+            if part.strip().startswith("polar "):
+                commands.append(shlex.split(part, comments=True)[1:])
+    return commands
+
+
+SHELL = [b for b in BLOCKS if b.language == "bash" and polar_segments(b)]
+
+
+@pytest.fixture(scope="module")
+def cli() -> Any:
+    return typer.main.get_command(build_app())
+
+
+def parse(cli: Any, args: list[str]) -> None:
+    """Parse ``polar ARGS`` as the real CLI would, down to the leaf command, without running it: each group's
+    subcommand is looked up by name, then the leaf parses its options and arguments (callbacks included)."""
+    command, name, rest, ctx = cli, "polar", list(args), None
+    while hasattr(command, "get_command") and rest and not rest[0].startswith("-"):
+        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
+        sub = command.get_command(ctx, rest[0])
+        assert sub is not None, f"no command {rest[0]!r} under {name!r}"
+        command, name, rest = sub, rest[0], rest[1:]
+    command.make_context(name, rest, parent=ctx)
+
+
+@pytest.mark.parametrize("block", SHELL, ids=ids(SHELL))
+def test_polar_commands_in_the_docs_parse(block: Block, cli: Any) -> None:
+    for args in polar_segments(block):
+        try:
+            parse(cli, args)
+        except typer.Exit:
+            pass  # --version, --help: eager options that end the parse, as they should
+        except Exception as exc:  # typer's vendored click raises its own UsageError, BadParameter, NoSuchOption...
+            message = exc.format_message() if hasattr(exc, "format_message") else repr(exc)
+            pytest.fail(f"{block.where}: polar {' '.join(args)}: {message}")
+
+
+PYTHON = [b for b in BLOCKS if b.language == "python"]
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=ids(PYTHON))
+def test_python_blocks_compile_and_import_what_exists(block: Block) -> None:
+    tree = ast.parse(block.text, filename=block.where)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            exec(compile(ast.Module(body=[node], type_ignores=[]), block.where, "exec"), {})
+
+
+DATA = [b for b in BLOCKS if b.language in ("yaml", "toml", "json")]
+LOADERS: dict[str, Any] = {"yaml": yaml.safe_load, "toml": tomllib.loads, "json": json.loads}
+
+
+@pytest.mark.parametrize("block", DATA, ids=ids(DATA))
+def test_data_blocks_parse(block: Block) -> None:
+    LOADERS[block.language](block.text)
