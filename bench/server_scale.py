@@ -45,7 +45,7 @@ from rich.table import Table
 
 from polar_cli.client import AsyncPolarClient
 from polar_cli.models import SessionResult, TaskRequest, Trajectory
-from polar_cli.models.service import SessionBatch
+from polar_cli.node_protocol import SessionBatch
 from polar_cli.web.auth import guarded
 from polar_cli.web.errors import json_response
 
@@ -53,10 +53,10 @@ from polar_cli.web.errors import json_response
 
 
 def _serve_child(data_dir: str, token: str, heartbeat_s: float, conn: Connection) -> None:
-    """Child process: ``polar serve --role server`` through its Python API (``polar_cli.server.launch.serve``) on a
+    """Child process: ``polar serve --role server`` through its Python API (``polar_cli.launch.serve``) on a
     free port; sends the URL, serves until the pipe closes."""
-    from polar_cli.server.config import ServeConfig, ServerConfig
-    from polar_cli.server.launch import serve
+    from polar_cli.launch import ServeConfig, serve
+    from polar_cli.server.config import ServerConfig
 
     server = ServerConfig(
         port=0, data_dir=Path(data_dir), token=token, heartbeat_interval_s=heartbeat_s,

@@ -1,4 +1,5 @@
-"""Identifier rules shared by every module: one session-id rule, checked with ``fullmatch``.
+"""Identifier rules shared by every module: one session-id rule, checked with ``fullmatch``, and the id a new
+session gets (``session_id_for``).
 
 A session id names a journal file, a result file and a URL path segment, so it may hold only letters, digits, ``.``,
 ``_`` and ``-``, starts with a letter or digit (never ``.``: no hidden files, no ``..``), and is at most 128 long. The
@@ -8,6 +9,7 @@ rule is a full match: ``re.match`` with ``$`` would accept a trailing newline.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -36,6 +38,12 @@ def id_part(text: str, limit: int = 96) -> str:
     """``text`` made fit to start a session id: other characters become ``_``, no leading or trailing ``._-``,
     at most ``limit`` long ("" when nothing is left)."""
     return _OUTSIDE_RULE.sub("_", text).strip("._-")[:limit]
+
+
+def session_id_for(task_id: str, sample_index: int) -> str:
+    """``<task id, made safe>-<sample>-<random>``: readable and unique."""
+    slug = id_part(task_id) or "task"
+    return f"{slug}-{sample_index}-{secrets.token_hex(4)}"
 
 
 def _validate_session_id(value: str) -> str:

@@ -73,3 +73,23 @@ def test_plugin_packages_import_only_polar_cli_api() -> None:
         if within(found.target, "polar_cli") and not within(found.target, "polar_cli.api")
     ]
     assert outside == [], "a plugin package imports polar_cli.api only"
+
+
+def test_server_and_gateway_import_nothing_from_each_other() -> None:
+    """They speak through ``polar_cli.node_protocol``; what starts both (``polar_cli.launch``) lives outside both."""
+    crossing = [
+        f"{found.where} imports {found.target}"
+        for package, other in (("server", "gateway"), ("gateway", "server"))
+        for found in package_imports(REPO / "polar_cli" / package)
+        if within(found.target, f"polar_cli.{other}")
+    ]
+    assert crossing == [], "polar_cli.server and polar_cli.gateway import nothing from each other"
+
+
+def test_the_node_protocol_imports_neither_side() -> None:
+    crossing = [
+        f"{found.where} imports {found.target}"
+        for found in package_imports(REPO / "polar_cli" / "node_protocol")
+        if within(found.target, "polar_cli.server") or within(found.target, "polar_cli.gateway")
+    ]
+    assert crossing == [], "polar_cli.node_protocol is shared by both sides: it imports neither"

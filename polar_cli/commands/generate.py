@@ -23,9 +23,9 @@ from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.generate import GenerateOptions, GenerateProgress, GroupStats, embedded_serve_config, generate
 from polar_cli.generate.ledger import LEDGER, open_ledger
+from polar_cli.launch import ServeInfo
 from polar_cli.models import SessionResult, validate_model
 from polar_cli.registry import get_harness
-from polar_cli.server.launch import ServeInfo
 
 
 def parse_dataset_options(path: Path | None, pairs: list[str]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
-from polar_cli.gateway.config import PipelineConfig
-from polar_cli.gateway.node import GatewayConfig, GatewayNode, run_embedded
+from polar_cli.gateway.config import GatewayConfig, PipelineConfig
+from polar_cli.gateway.embedded import run_embedded
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.registry import get_harness
 from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token

@@ -14,9 +14,8 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
+from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
-from polar_cli.server.config import ServeConfig
-from polar_cli.server.launch import INFO_FILE, ServeInfo, serve
 
 
 def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> ServeConfig:

@@ -24,6 +24,7 @@ from polar_cli.export.split import stratified_test_keys
 from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
 from polar_cli.models import StrictModel, TaskRequest
+from polar_cli.models.task import without_script
 
 if TYPE_CHECKING:
     from polar_cli.export.parquet import ShardedWriter
@@ -78,7 +79,7 @@ class TaskInfo:
 
 
 def task_info(task: TaskRequest) -> TaskInfo:
-    meta = {k: v for k, v in task.metadata.items() if k != "script"}
+    meta = without_script(task.metadata)
     version = meta.get("policy_version")
     return TaskInfo(task.task_id, str(meta.get("instance_id", task.task_id)), task.agent.harness,
                     task.agent.model_name, None if version is None else str(version),

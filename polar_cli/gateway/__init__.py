@@ -1,4 +1,9 @@
-"""The gateway's staged session pipeline (INIT -> READY -> RUNNING -> POSTRUN) and its durable result store."""
+"""A gateway node: the staged session pipeline (INIT -> READY -> RUNNING -> POSTRUN) and its durable result store.
+
+``config`` (pure models), ``app`` (the HTTP routes), ``node`` (lifecycle and Python API), ``embedded`` (``polar run``'s
+node for one task), ``agent`` (the link to a rollout server). It speaks to the server only through
+``polar_cli.node_protocol`` and imports nothing from ``polar_cli.server``.
+"""
 
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.driver import SessionDriver

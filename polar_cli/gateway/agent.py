@@ -17,13 +17,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from polar_cli.errors import ConfigError, SessionError
+from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
+from polar_cli.ids import is_session_id
 from polar_cli.models import SessionResult
-from polar_cli.models.service import ATTEMPT_KEY, HeartbeatAnswer, RegisterAnswer
-from polar_cli.server.config import AgentConfig
+from polar_cli.node_protocol import (
+    ATTEMPT_KEY,
+    HeartbeatBody,
+    NodeCapacity,
+    NodeLoadReport,
+    RegisterAnswer,
+    RegisterBody,
+    ServerClient,
+    SessionResultBody,
+)
 
 log = logging.getLogger(__name__)
 SERVER_TOKEN_ENV = "POLAR_SERVER_TOKEN"
@@ -48,14 +56,15 @@ class GatewayAgent:
         self.server_url = config.server_url.rstrip("/")
         self.server_token = token
         self.data_dir = Path(data_dir)
-        self.node_id: str | None = config.node_id or self._saved().get("node_id")
+        saved = self._saved().get("node_id")
+        self.node_id: str | None = config.node_id or (saved if is_session_id(saved) else None)
         self.heartbeat_interval = 5.0
         self.registered = asyncio.Event()
         self.draining = False
         self._unacked: dict[str, None] = {}  # insertion-ordered set
         self._wake = asyncio.Event()
         self._node: GatewayNode | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: ServerClient | None = None
         self._main: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -102,7 +111,7 @@ class GatewayAgent:
             raise ConfigError("the gateway must listen, with a control token, before it registers")
         self._node = node
         self._load_unacked(node)
-        self._client = httpx.AsyncClient(timeout=self.config.retry.timeout_s)
+        self._client = ServerClient(self.server_url, self.server_token, timeout=self.config.retry.timeout_s)
         self._main = asyncio.create_task(self._run(), name="polar-gateway-agent")
 
     async def close(self) -> None:
@@ -111,9 +120,6 @@ class GatewayAgent:
         await asyncio.gather(*(t for t in (self._main, *self._background) if t is not None), return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
-
-    def _headers(self, token: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token}"}
 
     async def _run(self) -> None:
         await self._register()
@@ -135,37 +141,30 @@ class GatewayAgent:
         self.registered.clear()
         while True:
             pipeline = node.pipeline.config
-            body = {
-                "url": node.url,
-                "token": node.config.control_token,
-                "node_id": self.node_id,
-                "capacity": {
-                    "run_slots": pipeline.run_slots,
-                    "init_workers": pipeline.init_workers,
-                    "postrun_workers": pipeline.postrun_workers,
-                },
-                "held_results": list(self._unacked),
-            }
-            try:
-                response = await self._client.post(
-                    f"{self.server_url}/nodes/register", json=body, headers=self._headers(self.server_token)
-                )
-                if response.status_code == 401:
-                    log.error("the server refused to register this node: check the server token")
-                response.raise_for_status()
-                answer = RegisterAnswer.model_validate(response.json())
+            capacity = NodeCapacity(
+                run_slots=pipeline.run_slots,
+                init_workers=pipeline.init_workers,
+                postrun_workers=pipeline.postrun_workers,
+            )
+            assert node.url is not None
+            body = RegisterBody(url=node.url, token=node.config.control_token, node_id=self.node_id, capacity=capacity,
+                                held_results=list(self._unacked))  # fmt: skip
+            reply = await self._client.register(body)
+            if reply.status == 401:
+                log.error("the server refused to register this node: check the server token")
+            if reply.answer is not None:
+                answer: RegisterAnswer = reply.answer
                 break
-            except (httpx.HTTPError, ValueError) as exc:
-                failures += 1
-                log.warning("register with %s failed (%s); retrying", self.server_url, exc)
-                await asyncio.sleep(self.config.retry.delay(failures))
+            failures += 1
+            log.warning("register with %s failed (%s); retrying", self.server_url, reply.error or reply.status)
+            await asyncio.sleep(self.config.retry.delay(failures))
         self.node_id = answer.node_id
         self.heartbeat_interval = answer.heartbeat_interval_s
         self._save_node_id(answer.node_id)
         self.registered.set()
         self._wake.set()
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> NodeLoadReport:
         assert self._node is not None
         stages = self._node.pipeline.metrics()["stages"]
         running = stages["running"]["in_flight"]
@@ -176,7 +175,7 @@ class GatewayAgent:
             + stages["ready"]["blocked"]
         )
         slots = stages["running"]["capacity"]
-        return {"run_slots": slots, "running": running, "queued": queued, "free_slots": max(0, slots - running)}
+        return NodeLoadReport(run_slots=slots, running=running, queued=queued, free_slots=max(0, slots - running))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -184,27 +183,20 @@ class GatewayAgent:
             await self._heartbeat()
 
     async def _heartbeat(self) -> None:
-        assert self._node is not None and self._client is not None
-        body = {
-            "load": self._load(),
-            "sessions": [job.session_id for job in self._node.pipeline.active()],
-            "draining": self.draining,
-        }
-        try:
-            response = await self._client.post(
-                f"{self.server_url}/nodes/{self.node_id}/heartbeat",
-                json=body,
-                headers=self._headers(self._node.config.control_token or ""),
-            )
-            if response.status_code == 401:
-                await self._register()  # the server forgot this node (a new database)
-                return
-            response.raise_for_status()
-            answer = HeartbeatAnswer.model_validate(response.json())
-        except (httpx.HTTPError, ValueError) as exc:
-            log.info("heartbeat to %s failed: %s", self.server_url, exc)
+        assert self._node is not None and self._client is not None and self.node_id is not None
+        body = HeartbeatBody(
+            load=self._load(),
+            sessions=[job.session_id for job in self._node.pipeline.active()],
+            draining=self.draining,
+        )
+        reply = await self._client.heartbeat(self.node_id, self._node.config.control_token, body)
+        if reply.status == 401:
+            await self._register()  # the server forgot this node (a new database)
             return
-        for session_id in answer.cancel:
+        if reply.answer is None:
+            log.info("heartbeat to %s failed: %s", self.server_url, reply.error or reply.status)
+            return
+        for session_id in reply.answer.cancel:
             self._spawn(self._cancel(session_id))
 
     async def drain(self, timeout: float) -> bool:
@@ -260,26 +252,22 @@ class GatewayAgent:
             self._unacked.pop(session_id, None)  # nothing stored: nothing to report
             return True
         attempt = result.metadata.get(ATTEMPT_KEY, 1)
-        body = {
-            "node_id": self.node_id,
-            "session_id": session_id,
-            "attempt": attempt if isinstance(attempt, int) and attempt > 0 else 1,
-            "result": result.model_dump(mode="json"),
-        }
-        try:
-            response = await self._client.post(
-                f"{self.server_url}/callbacks/session_result",
-                json=body,
-                headers=self._headers(self._node.config.control_token or ""),
-            )
-        except httpx.HTTPError as exc:
-            log.info("result of %s not delivered yet: %s", session_id, exc)
+        assert self.node_id is not None  # results are delivered once the node has registered
+        body = SessionResultBody(
+            node_id=self.node_id,
+            session_id=session_id,
+            attempt=attempt if isinstance(attempt, int) and attempt > 0 else 1,
+            result=result,
+        )
+        reply = await self._client.report_result(self._node.config.control_token, body)
+        if reply.status is None:
+            log.info("result of %s not delivered yet: %s", session_id, reply.error)
             return False
-        if response.status_code == 401:
+        if reply.status == 401:
             raise _Unauthorized
-        if response.is_success or response.status_code in (400, 403, 404):
-            if not response.is_success:  # the server will never take it (unknown, not ours): do not retry forever
-                log.warning("the server refused the result of %s: %s", session_id, response.text[:200])
+        if reply.ok or reply.status in (400, 403, 404):
+            if not reply.ok:  # the server will never take it (unknown, not ours): do not retry forever
+                log.warning("the server refused the result of %s: %s", session_id, reply.error)
             self._ack(session_id)
             return True
         return False

@@ -1,10 +1,18 @@
-"""The staged pipeline's configuration: pool sizes, buffers and default budgets."""
+"""A gateway's configuration (pure models): the node (``GatewayConfig``), its staged pipeline (``PipelineConfig``:
+pool sizes, buffers and default budgets) and its link to a rollout server (``AgentConfig``)."""
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveInt
+from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import Field, PositiveInt, field_validator
+
+from polar_cli.backoff import Backoff
+from polar_cli.ids import SessionId
 from polar_cli.models import StrictModel
+from polar_cli.proxy import ProxyConfig
+from polar_cli.web.auth import new_token
 
 
 class PipelineConfig(StrictModel):
@@ -41,3 +49,42 @@ class PipelineConfig(StrictModel):
     keep_finished: PositiveInt = Field(
         default=10_000, description="finished sessions kept in memory (older results are read from the store)"
     )
+
+
+class GatewayConfig(StrictModel):
+    """One gateway node: where it listens, where it keeps data, its pools and its proxy's backend."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8790, ge=0, le=65535)
+    public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
+    data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
+    scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
+    control_token: str = Field(
+        default_factory=new_token, description="Bearer token of every control route (the proxy's too); generated"
+    )
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
+    backend_check: Literal["fail", "warn", "off"] = Field(
+        default="warn",
+        description="at start-up, ask the backend once (GET /v1/models, BACKEND_CHECK_S seconds, no retries): fail "
+        "(polar run, polar generate: an unreachable backend stops before any session), warn (log it and serve: "
+        "the inference server may still be loading), off",
+    )
+
+    @field_validator("control_token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> Any:
+        return value or new_token()  # never open: a missing token is a generated one
+
+    def proxy_config(self) -> ProxyConfig:
+        journal = self.proxy.journal_dir or self.data_dir / "journal"
+        return self.proxy.model_copy(update={"journal_dir": journal, "control_token": self.control_token})
+
+
+class AgentConfig(StrictModel):
+    """A gateway's link to its server: where it is, the token to register with, and how callbacks are retried."""
+
+    server_url: str | None = None
+    server_token: str | None = Field(default=None, description="default: $POLAR_SERVER_TOKEN")
+    node_id: SessionId | None = Field(default=None, description="default: kept in the data dir from the first register")
+    retry: Backoff = Field(default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0))

@@ -109,6 +109,10 @@ class SessionJob:
     task_id: str | None = None
     sample_index: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    """What the session's result (and its traces) record of the task: its metadata without ``script``, and the
+    attempt."""
+    attempt: int | None = None
+    """Which dispatch of the session this is, when the rollout server sent it (1 the first)."""
     resources: SessionResources = field(default_factory=lambda: SessionResources())
 
     stage: Stage = Stage.INIT_QUEUED

@@ -25,7 +25,6 @@ from polar_cli.builders import build_trajectory
 from polar_cli.errors import HarnessError, PolarError, RuntimeFailure, SessionError
 from polar_cli.gateway.jobs import Built, RunOutcome, SessionJob
 from polar_cli.gateway.model_tokenizer import ModelTokenizerFinder
-from polar_cli.gateway.task_check import check_task as check_task  # where the node (and the server) import it from
 from polar_cli.harnesses.run import context_for, failure_report, run_harness, tail
 from polar_cli.interfaces.builder import BuildContext
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
@@ -133,7 +132,7 @@ class GatewaySessionDriver:
             session_id=job.session_id,
             task_id=task.task_id,
             harness=task.agent.harness,
-            task_metadata={k: v for k, v in task.metadata.items() if k != "script"},  # the scripted backend's
+            task_metadata=dict(job.metadata),  # the task's, without the scripted backend's script, with the attempt
             status=status,
             tokenizer=tokenizer.name_or_path if tokenizer is not None else None,
             tokenizer_source=tokenizer.source if tokenizer is not None else None,

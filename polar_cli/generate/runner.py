@@ -23,14 +23,13 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 from polar_cli.client import AsyncPolarClient
 from polar_cli.config import set_dotted
 from polar_cli.errors import ConfigError, PolarError
-from polar_cli.gateway.config import PipelineConfig
-from polar_cli.gateway.node import GatewayConfig
+from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.generate.ledger import Ledger, ResultRow
+from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
-from polar_cli.server.config import ServeConfig, ServerConfig
-from polar_cli.server.launch import ServeInfo, serve
+from polar_cli.server.config import ServerConfig
 
 SERVICE_DIR = "service"
 RETRYABLE = "error"
@@ -106,7 +105,7 @@ def embedded_serve_config(out: Path, proxy: ProxyConfig, pipeline: PipelineConfi
 
 @contextlib.asynccontextmanager
 async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
-    """Run ``polar serve``'s roles in this event loop (``polar_cli.server.launch.serve``) until the block ends."""
+    """Run ``polar serve``'s roles in this event loop (``polar_cli.launch.serve``) until the block ends."""
     ready: asyncio.Future[ServeInfo] = asyncio.get_running_loop().create_future()
     runner = asyncio.create_task(serve(config, on_ready=ready.set_result), name="polar-generate-serve")
     try:

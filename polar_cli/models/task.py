@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt
 
 from polar_cli.models.base import StrictModel
+
+SCRIPT_KEY = "script"
+"""``metadata.script``: the scripted backend's per-session script (an inline list of turns). It plays the model; it
+is not data about the task, so what a session records of its task's metadata leaves it out (``without_script``)."""
+
+
+def without_script(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's ``metadata`` as results, traces and exports record it: all of it but ``script``."""
+    return {key: value for key, value in metadata.items() if key != SCRIPT_KEY}
 
 
 class PrepareAction(StrictModel):

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest, validate_model
-from polar_cli.models.service import HeartbeatBody, RegisterBody, SessionResultBody
+from polar_cli.node_protocol import HeartbeatBody, RegisterBody, SessionResultBody
 from polar_cli.server.service import RolloutServer
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json

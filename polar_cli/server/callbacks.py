@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from polar_cli.server.config import Backoff
+from polar_cli.backoff import Backoff
 from polar_cli.server.store import Callback, SessionStore
 from polar_cli.server.store_threads import StoreThreads
 

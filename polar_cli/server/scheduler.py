@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 
 @dataclass
-class NodeLoad:
-    """One node as the scheduler sees it."""
+class NodeView:
+    """One node as the scheduler sees it (``RolloutServer`` merges its row and live state into one; ``GET
+    /rollout/status`` reports the same view as a ``NodeLoad``)."""
 
     node_id: str
     run_slots: int
@@ -36,12 +37,12 @@ class NodeLoad:
 
 
 def choose_node(
-    nodes: Iterable[NodeLoad],
+    nodes: Iterable[NodeView],
     *,
     max_queued: int | None = None,
     reservations: int = 8,
     avoid: str | None = None,
-) -> NodeLoad | None:
+) -> NodeView | None:
     """The node with the most headroom (then the shortest queue, then the id), or None when none can take one.
 
     ``avoid`` (the node of the session's previous attempt) is chosen only when no other node can take it.

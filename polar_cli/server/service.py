@@ -28,32 +28,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import orjson
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
-from polar_cli.gateway.node import session_id_for
-from polar_cli.gateway.session_driver import check_task
-from polar_cli.models import SessionResult, TaskRequest, TaskStatus
-from polar_cli.models.service import (
+from polar_cli.ids import session_id_for
+from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
+from polar_cli.models.service import TERMINAL_TASK_STATES, NodeStatus, ServiceStatus, SubmitAnswer
+from polar_cli.node_protocol import (
     ATTEMPT_KEY,
-    TERMINAL_TASK_STATES,
+    BatchSession,
+    GatewayClient,
     HeartbeatAnswer,
     HeartbeatBody,
-    NodeStatus,
     RegisterAnswer,
     RegisterBody,
-    ServiceStatus,
+    Reply,
+    SessionBatch,
     SessionBatchAnswer,
+    SessionCreated,
     SessionResultAnswer,
     SessionResultBody,
-    SubmitAnswer,
 )
-from polar_cli.models.service import NodeLoad as NodeLoadStatus
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
-from polar_cli.server.scheduler import NodeLoad, choose_node
+from polar_cli.server.scheduler import NodeView, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
+from polar_cli.task_check import check_task
 from polar_cli.web.auth import bearer_matches, new_token
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class RolloutServer:
         self.threads = StoreThreads(store=self.store)
         self.token = self._resolve_token()
         self.client = httpx.AsyncClient(timeout=config.dispatch_timeout_s)
+        self.gateways = GatewayClient(self.client)
         self.callbacks = CallbackSender(self.store, config.callbacks, self.client, self.threads)
         self._live: dict[str, NodeLive] = {}
         self._nodes: dict[str, NodeRow] = {}
@@ -204,26 +205,13 @@ class RolloutServer:
 
     def overview(self) -> ServiceStatus:
         """``GET /rollout/status`` (blocking: the app awaits :meth:`service_status`, which runs this off the loop)."""
-        assigned = self.store.assigned_counts()
+        views = self._views(self.store.nodes(), self.store.assigned_counts())
         nodes = []
-        for node in self.store.nodes():
+        for node, view in views:
             live = self._live.get(node.node_id)
-            load = NodeLoadStatus(
-                run_slots=node.run_slots,
-                assigned=assigned.get(node.node_id, 0),
-                running=live.running if live else 0,
-                queued=live.queued if live else 0,
-            )
-            nodes.append(
-                NodeStatus(
-                    node_id=node.node_id,
-                    url=node.url,
-                    healthy=self._healthy(node.node_id),
-                    draining=node.draining or (live is not None and live.draining),
-                    load=load,
-                    last_heartbeat=live.last_heartbeat if live else None,
-                )
-            )
+            load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
+            nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
+                                    load=load, last_heartbeat=live.last_heartbeat if live else None))  # fmt: skip
         return ServiceStatus(
             tasks=self.store.task_counts(),
             nodes=nodes,
@@ -327,22 +315,22 @@ class RolloutServer:
 
     # ---- dispatch -----------------------------------------------------------------------------------------------
 
-    def _loads(self, assigned: dict[str, int]) -> list[NodeLoad]:
+    def _views(self, nodes: Iterable[NodeRow], assigned: dict[str, int]) -> list[tuple[NodeRow, NodeView]]:
+        """Each node's row merged with what the server knows of it live: what scheduling and the status both use."""
         out = []
-        for node in self._nodes.values():
+        for node in nodes:
             live = self._live.get(node.node_id)
-            out.append(
-                NodeLoad(
-                    node_id=node.node_id,
-                    run_slots=node.run_slots,
-                    healthy=self._healthy(node.node_id),
-                    draining=node.draining or (live is not None and live.draining),
-                    assigned=assigned.get(node.node_id, 0),
-                    running=live.running if live else 0,
-                    queued=live.queued if live else 0,
-                    reserved=live.reserved if live else 0,
-                )
+            view = NodeView(
+                node_id=node.node_id,
+                run_slots=node.run_slots,
+                healthy=self._healthy(node.node_id),
+                draining=node.draining or (live is not None and live.draining),
+                assigned=assigned.get(node.node_id, 0),
+                running=live.running if live else 0,
+                queued=live.queued if live else 0,
+                reserved=live.reserved if live else 0,
             )
+            out.append((node, view))
         return out
 
     async def _dispatch_loop(self) -> None:
@@ -361,7 +349,8 @@ class RolloutServer:
         pending = await self.threads.read(self.store.sessions, states=("pending",), limit=DISPATCH_BATCH)
         if not pending:
             return
-        loads = {n.node_id: n for n in self._loads(await self.threads.read(self.store.assigned_counts))}
+        assigned = await self.threads.read(self.store.assigned_counts)
+        loads = {view.node_id: view for _, view in self._views(self._nodes.values(), assigned)}
         chosen: list[tuple[SessionRow, str]] = []
         for row in pending:
             node = choose_node(
@@ -416,30 +405,26 @@ class RolloutServer:
             return
         try:
             async with self._send_limit:
-                response = await self._post_batch(node_id, sends)
-        except (httpx.HTTPError, PolarError) as exc:
-            log.warning("%d sessions: dispatch to %s failed: %s", len(sends), node_id, exc)
-            response = None
+                reply = await self._post_batch(node_id, sends)
         finally:
             self._sending.difference_update(row.session_id for row, _ in sends)
-        if response is not None and response.status_code in (404, 405):  # an older gateway: no batch route
+        if reply.status is None:
+            log.warning("%d sessions: dispatch to %s failed: %s", len(sends), node_id, reply.error)
+        if reply.status in (404, 405):  # an older gateway: no batch route
             self._no_batch.add(node_id)
             self._sending.update(row.session_id for row, _ in sends)
             await asyncio.gather(*(self._send(row, node_id, attempt) for row, attempt in sends))
             return
-        if response is None or response.status_code == 503:
+        if reply.status is None or reply.status == 503:
             await self._undo(node_id, sends)
             return
-        if not response.is_success:  # the whole batch refused: each session as if refused alone
-            message = _error_message(response)
+        if not reply.ok:  # the whole batch refused: each session as if refused alone
             for row, attempt in sends:
-                await self._settle(row, node_id, attempt, response.status_code, message)
+                await self._settle(row, node_id, attempt, reply.status, reply.error)
             return
-        try:
-            answers = {a.session_id: a for a in SessionBatchAnswer.model_validate_json(response.content).sessions}
-        except ValueError as exc:
-            log.warning("node %s answered a batch with %s", node_id, exc)
-            answers = {}
+        if reply.answer is None:
+            log.warning("node %s answered a batch with %s", node_id, reply.error)
+        answers = {a.session_id: a for a in reply.answer.sessions} if reply.answer is not None else {}
         undo: list[tuple[SessionRow, int]] = []
         for row, attempt in sends:
             answer = answers.get(row.session_id)
@@ -460,31 +445,31 @@ class RolloutServer:
         await self.threads.write(self.store.undo_dispatch_many, [(row.session_id, attempt) for row, attempt in sends])
         self._dispatch_wake.set()
 
-    async def _post_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> httpx.Response:
+    async def _post_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> Reply[SessionBatchAnswer]:
         node = self._nodes.get(node_id)
         if node is None:
-            raise SessionError(f"unknown node {node_id!r}")
-        tasks = {row.task_id: await self._task_body(row.task_id) for row, _ in sends}
-        sessions = [{"task_id": row.task_id, "sample_index": row.sample_index, "session_id": row.session_id,
-                     "attempt": attempt} for row, attempt in sends]  # fmt: skip
-        headers = {**_bearer(node.token), "Content-Type": "application/json"}
-        body = orjson.dumps({"tasks": tasks, "sessions": sessions})
-        return await self.client.post(f"{node.url}/sessions/batch", content=body, headers=headers)
+            return Reply(None, error=f"unknown node {node_id!r}")
+        try:
+            tasks = {row.task_id: await self._task_body(row.task_id) for row, _ in sends}
+        except PolarError as exc:
+            return Reply(None, error=str(exc))
+        sessions = [BatchSession(task_id=row.task_id, sample_index=row.sample_index, session_id=row.session_id,
+                                 attempt=attempt) for row, attempt in sends]  # fmt: skip
+        return await self.gateways.create_sessions(node, SessionBatch(tasks=tasks, sessions=sessions))
 
     async def _send(self, row: SessionRow, node_id: str, attempt: int) -> None:
         """POST one session to its gateway (``POST /sessions``: a gateway without the batch route)."""
         try:
             async with self._send_limit:
-                response = await self._post_session(row, node_id, attempt)
-        except (httpx.HTTPError, PolarError) as exc:
-            log.warning("session %s: dispatch to %s failed: %s", row.session_id, node_id, exc)
-            response = None
+                reply = await self._post_session(row, node_id, attempt)
         finally:
             self._sending.discard(row.session_id)
-        if response is None or response.status_code == 503:
+        if reply.status is None:
+            log.warning("session %s: dispatch to %s failed: %s", row.session_id, node_id, reply.error)
+        if reply.status is None or reply.status == 503:
             await self._undo(node_id, [(row, attempt)])
-        elif not response.is_success:
-            await self._settle(row, node_id, attempt, response.status_code, _error_message(response))
+        elif not reply.ok:
+            await self._settle(row, node_id, attempt, reply.status, reply.error)
         await self._requeue_if_dead(node_id, [(row, attempt)])
 
     async def _settle(self, row: SessionRow, node_id: str, attempt: int, status: int, message: str) -> None:
@@ -500,21 +485,20 @@ class RolloutServer:
         current = await self.threads.read(self.store.session, row.session_id)
         await self._requeue(current, f"node {node_id} answered {status}")
 
-    async def _post_session(self, row: SessionRow, node_id: str, attempt: int) -> httpx.Response:
+    async def _post_session(self, row: SessionRow, node_id: str, attempt: int) -> Reply[SessionCreated]:
         node = self._nodes.get(node_id)
         if node is None:
-            raise SessionError(f"unknown node {node_id!r}")
-        task = await self._task_body(row.task_id)
-        task = {**task, "metadata": {**task["metadata"], ATTEMPT_KEY: attempt}}
-        body = {"task": task, "sample_index": row.sample_index, "session_id": row.session_id}
-        return await self.client.post(f"{node.url}/sessions", json=body, headers=_bearer(node.token))
+            return Reply(None, error=f"unknown node {node_id!r}")
+        try:
+            task = await self._task_body(row.task_id)
+        except PolarError as exc:
+            return Reply(None, error=str(exc))
+        return await self.gateways.create_session(node, task, row.sample_index, row.session_id, attempt)
 
     async def _cancel_on_node(self, node_id: str, session_id: str) -> None:
         node = self._nodes.get(node_id)
-        if node is None:
-            return
-        with contextlib.suppress(httpx.HTTPError):
-            await self.client.delete(f"{node.url}/sessions/{session_id}", headers=_bearer(node.token))
+        if node is not None:
+            await self.gateways.cancel(node, session_id)  # a node that does not answer: liveness decides
 
     # ---- liveness and reconciliation ----------------------------------------------------------------------------
 
@@ -559,16 +543,16 @@ class RolloutServer:
                 await self._requeue(row, "its node is unknown")
                 return
             async with self._lookup_limit:
-                try:
-                    response = await self.client.get(
-                        f"{node.url}/sessions/{row.session_id}", headers=_bearer(node.token)
-                    )
-                except httpx.HTTPError:
-                    return  # liveness decides about a node that does not answer
-            if response.status_code == 404:
+                reply = await self.gateways.look_up(node, row.session_id)
+            if reply.status is None:
+                return  # liveness decides about a node that does not answer
+            if reply.status == 404:
                 await self._requeue(row, f"node {node.node_id} does not know the session")
-            elif response.is_success and response.json().get("result") is not None:
-                result = SessionResult.model_validate(response.json()["result"])
+            elif reply.ok and reply.answer is None:
+                log.warning("session %s: node %s answered the look-up with %s", row.session_id, node.node_id,
+                            reply.error)  # fmt: skip
+            elif reply.answer is not None and reply.answer.result is not None:
+                result = reply.answer.result
                 attempt = result.metadata.get(ATTEMPT_KEY, row.attempt)
                 with contextlib.suppress(ForbiddenError, SessionError):
                     await self._accept(row.session_id, node.node_id, int(attempt), result)
@@ -576,14 +560,3 @@ class RolloutServer:
             log.exception("session %s: looking it up on node %s failed", row.session_id, row.node_id)
         finally:
             self._looking_up.discard(row.session_id)
-
-
-def _bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.gateway.config import GatewayConfig
+from polar_cli.gateway.node import GatewayNode
 
 
 def shell_task(task_id: str, command: str, **extra: Any) -> dict[str, Any]:

@@ -16,7 +16,8 @@ import httpx
 from typer.testing import CliRunner
 
 from polar_cli.cli import build_app
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.gateway.config import GatewayConfig
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import SessionResult, TaskRequest
 from tests.gateway.sim import until
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from polar_cli.errors import ConfigError, UnknownComponentError
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
-from polar_cli.gateway.session_driver import check_task
+from polar_cli.gateway.config import GatewayConfig
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models import PrepareAction, RuntimeSpec, TaskRequest
 from polar_cli.runtimes import start_session
+from polar_cli.task_check import check_task
 
 SHELL = {"harness": "shell", "config": {"command": "true"}}
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from polar_cli.models import SessionResult, TaskStatus, Trajectory
-from polar_cli.models.service import SessionBatch
+from polar_cli.node_protocol import SessionBatch
 from tests.server.procs import Serve, client, gateway, serve_config, until_true, waiting_task
 from tests.server.test_service import finished, one_result_per_sample
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from polar_cli.server.scheduler import NodeLoad, choose_node
+from polar_cli.server.scheduler import NodeView as NodeLoad
+from polar_cli.server.scheduler import choose_node
 
 
 def pick(nodes: list[NodeLoad], **options: object) -> str | None:

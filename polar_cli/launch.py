@@ -1,4 +1,5 @@
-"""``polar serve``'s lifecycle: start the roles a ServeConfig asks for, announce where they are, run until cancelled.
+"""``polar serve``: its topology (``ServeConfig``) and its lifecycle (``serve``): start the roles the config asks for,
+announce where they are, run until cancelled.
 
 - ``all``: the rollout server and one gateway node in one process (the gateway registers over loopback, exactly as a
   remote one does);
@@ -10,6 +11,9 @@ Where each listens (and the tokens) goes to ``<data_dir>/serve.json`` (mode 0600
 A stop (the task cancelled: SIGTERM, Ctrl-C) cancels the gateway's sessions under way; with ``drain_timeout_s`` it
 first drains: no new sessions, up to that long for the ones under way to finish and be reported (a second stop
 ends the wait).
+
+It lives outside ``polar_cli.server`` and ``polar_cli.gateway`` because it starts both in one process (role ``all``)
+and its config holds both configs: the one module that imports both packages, so neither imports the other.
 """
 
 from __future__ import annotations
@@ -21,16 +25,35 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 
 from polar_cli.gateway.agent import GatewayAgent
-from polar_cli.gateway.node import GatewayConfig, GatewayNode
+from polar_cli.gateway.config import AgentConfig, GatewayConfig
+from polar_cli.gateway.node import GatewayNode
+from polar_cli.models import StrictModel
 from polar_cli.server.app import create_app
-from polar_cli.server.config import ServeConfig
+from polar_cli.server.config import ServerConfig
 from polar_cli.server.service import RolloutServer
-from polar_cli.web.auth import new_token
 from polar_cli.web.listen import listen
 
 INFO_FILE = "serve.json"
+Role = Literal["all", "server", "gateway"]
+
+
+class ServeConfig(StrictModel):
+    """``polar serve --config serve.yaml``: the role and the settings of each part (command-line flags win)."""
+
+    role: Role = "all"
+    drain_timeout_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="on a graceful stop, how long the gateway waits for sessions under way before cancelling them",
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
 
 @dataclass
@@ -46,24 +69,6 @@ class ServeInfo:
     node_id: str | None = None
     node_token: str | None = None
     pid: int = 0
-
-
-def node_token(config: GatewayConfig) -> str:
-    """The gateway's control token: configured, else the one kept in ``<data_dir>/node.json``, else a new one."""
-    if config.control_token:
-        return config.control_token
-    path = config.data_dir / "node.json"
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    if not isinstance(saved, dict):
-        saved = {}
-    if not saved.get("token"):
-        saved["token"] = new_token()
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        _write_private(path, json.dumps(saved))
-    return str(saved["token"])
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -94,12 +99,11 @@ async def serve(
             if config.role == "all":
                 agent_config = agent_config.model_copy(update={"server_url": info.url, "server_token": server.token})
         if config.role in ("all", "gateway"):
-            gateway = config.gateway.model_copy(update={"control_token": node_token(config.gateway)})
-            agent = GatewayAgent(agent_config, gateway.data_dir)
-            node = await stack.enter_async_context(GatewayNode(gateway, on_result=[agent.on_result]))
+            agent = GatewayAgent(agent_config, config.gateway.data_dir)
+            node = await stack.enter_async_context(GatewayNode(config.gateway, on_result=[agent.on_result]))
             await agent.start(node)
             stack.push_async_callback(agent.close)
-            info.gateway_url, info.node_token = node.url, gateway.control_token
+            info.gateway_url, info.node_token = node.url, config.gateway.control_token
             await agent.registered.wait()
             info.node_id = agent.node_id
         data_dir = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir

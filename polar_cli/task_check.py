@@ -1,7 +1,8 @@
 """``check_task``: everything about a TaskRequest that can be checked before any session exists.
 
 Called when a task is submitted (the gateway node, ``polar run``, the rollout server, which answers a ConfigError with
-HTTP 400), so a typo fails at once, naming the field, instead of after the agent ran:
+HTTP 400), so a typo fails at once, naming the field, instead of after the agent ran. Neither the server nor the
+gateway owns it: both import it from here.
 
 - ``runtime``: the backend exists and accepts the spec and its ``config`` (``Runtime.check_spec``); every prepare
   action has what its type needs and names no host path outside the task's base dir;
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest
+from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import inline_script
 from polar_cli.registry import get_builder, get_evaluator, get_harness, get_runtime
 from polar_cli.runtimes.prepare import check_prepare
@@ -35,7 +37,7 @@ def check_task(task: TaskRequest, *, base_dir: Path | None = None) -> None:
     _field(task, "agent.config", lambda: harness.check_config(task.agent.config))
     _field(task, "builder.config", lambda: builder.check_config(task.builder.config))
     _field(task, "evaluator.config", lambda: evaluator.check_config(task.evaluator.config))
-    script = task.metadata.get("script")
+    script = task.metadata.get(SCRIPT_KEY)
     if script is not None:
         _field(task, "metadata.script", lambda: inline_script(script))
 

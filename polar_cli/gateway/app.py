@@ -1,0 +1,117 @@
+"""A gateway node's HTTP routes (the node side of ``polar_cli.node_protocol``): parse and check each call, then one
+GatewayNode method.
+
+Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Authorization: Bearer <control_token>``
+(the config's, generated when none is given; the command layer prints it):
+
+| route | what |
+|---|---|
+| ``POST /sessions`` | ``SingleSession``: one full session → 201 ``SessionCreated`` |
+| ``POST /sessions/batch`` | ``SessionBatch`` (each task once, then the sessions) → 200 ``SessionBatchAnswer`` |
+| ``GET /sessions/{id}`` | ``SessionInfo``: stage, stage seconds, the result once there (also from the result store) |
+| ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
+| ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
+| ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
+| ``GET /healthz`` | ``{ok}``, open |
+| ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
+
+While the node drains (a graceful stop), ``POST /sessions`` and ``POST /sessions/batch`` answer 503 and the sessions
+under way run to the end. In a batch, each session's ``status`` is what ``POST /sessions`` would have answered for it
+alone; a refused session does not stop the others. The control routes of issue 20 (pause, resume, the policy version,
+the backend pool) go here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from polar_cli.errors import ConfigError
+from polar_cli.ids import check_session_id
+from polar_cli.models import validate_model
+from polar_cli.node_protocol import SessionBatch, SessionBatchAnswer, SessionCreated, SingleSession
+from polar_cli.proxy import create_proxy_app, proxy_error_shape
+from polar_cli.web.auth import guarded
+from polar_cli.web.body import read_json
+from polar_cli.web.errors import ERROR_SHAPE, Handler, error_response, json_errors, json_response
+
+if TYPE_CHECKING:
+    from polar_cli.gateway.node import GatewayNode
+
+PROXY_PREFIX = "/proxy"
+
+DRAINING = "the gateway is draining: it takes no new sessions"
+
+
+def _json(model: BaseModel, status: int = 200) -> web.Response:
+    return json_response(model.model_dump(mode="json"), status)
+
+
+def create_app(node: GatewayNode) -> web.Application:
+    """The node's routes, with the proxy mounted under ``/proxy``."""
+    app = web.Application(
+        client_max_size=int(node.proxy.config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="gateway")]
+    )
+
+    def guard(handler: Handler) -> Handler:
+        return guarded(node.config.control_token, "the gateway's control routes", handler)
+
+    async def create(request: web.Request) -> web.Response:
+        if node.draining:
+            return error_response(503, DRAINING)
+        data = await read_json(request, source="POST /sessions")
+        spec = validate_model(SingleSession, data, source="POST /sessions")
+        job = await node.submit(spec.task, spec.sample_index, spec.session_id, attempt=spec.attempt)
+        created = SessionCreated(session_id=job.session_id, task_id=job.task_id, sample_index=job.sample_index,
+                                 stage=str(job.stage))  # fmt: skip
+        return _json(created, 201)
+
+    async def create_batch(request: web.Request) -> web.Response:
+        if node.draining:
+            return error_response(503, DRAINING)
+        source = "POST /sessions/batch"
+        batch = validate_model(SessionBatch, await read_json(request, source=source), source=source)
+        return _json(SessionBatchAnswer(sessions=await node.submit_batch(batch)))
+
+    async def describe(request: web.Request) -> web.Response:
+        info = node.describe(check_session_id(request.match_info["session_id"]))
+        return json_response(info.model_dump(mode="json", exclude_unset=True))
+
+    async def result(request: web.Request) -> web.Response:
+        session_id = check_session_id(request.match_info["session_id"])
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError as exc:
+            raise ConfigError("wait must be a number of seconds") from exc
+        try:
+            found = await asyncio.wait_for(node.pipeline.wait(session_id), timeout=max(wait, 0.0) or 0.001)
+        except TimeoutError:
+            return json_response({"session_id": session_id, "stage": str(node.pipeline.get(session_id).stage)}, 202)
+        return _json(found)
+
+    async def cancel(request: web.Request) -> web.Response:
+        return _json(await node.pipeline.cancel(check_session_id(request.match_info["session_id"])))
+
+    async def metrics(request: web.Request) -> web.Response:
+        return json_response(node.pipeline.metrics())
+
+    async def health(request: web.Request) -> web.Response:
+        return json_response({"ok": True})  # open, so it tells nothing about sessions
+
+    app.add_routes(
+        [
+            web.post("/sessions", guard(create)),
+            web.post("/sessions/batch", guard(create_batch)),
+            web.get("/sessions/{session_id}", guard(describe)),
+            web.get("/sessions/{session_id}/result", guard(result)),
+            web.delete("/sessions/{session_id}", guard(cancel)),
+            web.get("/metrics", guard(metrics)),
+            web.get("/healthz", health),  # open
+        ]
+    )
+    app[ERROR_SHAPE] = proxy_error_shape(PROXY_PREFIX)
+    app.add_subapp(PROXY_PREFIX, create_proxy_app(node.proxy.config, node.proxy, mount=PROXY_PREFIX))
+    return app

@@ -1,0 +1,63 @@
+"""The node protocol: everything the rollout server and its gateways say to each other, typed, with one client for
+each direction. ``polar_cli.server`` and ``polar_cli.gateway`` both import it; neither imports the other.
+
+| direction | route (on the receiver) | body → answer (``messages``) |
+|---|---|---|
+| server → gateway | ``POST /sessions/batch`` | ``SessionBatch`` → ``SessionBatchAnswer`` |
+| server → gateway | ``POST /sessions`` | ``SingleSession`` → ``SessionCreated`` (gateways without the batch route) |
+| server → gateway | ``GET /sessions/{id}`` | → ``SessionInfo`` (the look-up) |
+| server → gateway | ``DELETE /sessions/{id}`` | → ``SessionResult`` (cancel) |
+| server → gateway | control: pause, resume, policy version, backend pool | issue 20: its place is in ``messages`` |
+| gateway → server | ``POST /nodes/register`` | ``RegisterBody`` → ``RegisterAnswer`` |
+| gateway → server | ``POST /nodes/{node_id}/heartbeat`` | ``HeartbeatBody`` → ``HeartbeatAnswer`` |
+| gateway → server | ``POST /callbacks/session_result`` | ``SessionResultBody`` → ``SessionResultAnswer`` |
+
+``GatewayClient`` (``to_gateway``) is the server's side, ``ServerClient`` (``to_server``) the gateway's; both answer
+a ``Reply`` (``wire``): the status, the parsed answer, the error message. The routes themselves live in
+``polar_cli.gateway.app`` and ``polar_cli.server.app``.
+"""
+
+from polar_cli.node_protocol.messages import (
+    ATTEMPT_KEY,
+    BatchSession,
+    BatchSessionAnswer,
+    HeartbeatAnswer,
+    HeartbeatBody,
+    NodeCapacity,
+    NodeLoadReport,
+    RegisterAnswer,
+    RegisterBody,
+    SessionBatch,
+    SessionBatchAnswer,
+    SessionCreated,
+    SessionInfo,
+    SessionResultAnswer,
+    SessionResultBody,
+    SingleSession,
+)
+from polar_cli.node_protocol.to_gateway import GatewayClient, NodeAddress
+from polar_cli.node_protocol.to_server import ServerClient
+from polar_cli.node_protocol.wire import Reply
+
+__all__ = [
+    "ATTEMPT_KEY",
+    "BatchSession",
+    "BatchSessionAnswer",
+    "GatewayClient",
+    "HeartbeatAnswer",
+    "HeartbeatBody",
+    "NodeAddress",
+    "NodeCapacity",
+    "NodeLoadReport",
+    "RegisterAnswer",
+    "RegisterBody",
+    "Reply",
+    "ServerClient",
+    "SessionBatch",
+    "SessionBatchAnswer",
+    "SessionCreated",
+    "SessionInfo",
+    "SessionResultAnswer",
+    "SessionResultBody",
+    "SingleSession",
+]

@@ -1,0 +1,160 @@
+"""The node protocol's messages: one pydantic model per body and answer, in both directions.
+
+Bodies a side reads are strict (``StrictModel``: an unknown field is a 400); answers tolerate fields a newer peer adds
+(pydantic's default ``extra="ignore"``), so an older peer keeps working.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
+
+from polar_cli.ids import SessionId
+from polar_cli.models.base import StrictModel
+from polar_cli.models.session import SessionResult
+from polar_cli.models.task import TaskRequest
+
+ATTEMPT_KEY = "polar_attempt"
+"""The key under which a SessionResult's ``metadata`` records the attempt that produced it (a gateway writes it, the
+server keeps it). On the wire the attempt is the typed ``attempt`` of each session sent; only the server's fallback
+for gateways without ``POST /sessions/batch`` still carries it as ``task.metadata.polar_attempt``."""
+
+
+# ---- server -> gateway: sessions ----------------------------------------------------------------------------------
+
+
+class BatchSession(StrictModel):
+    """One session of ``POST /sessions/batch``: its task (by id, from the batch's ``tasks``), sample and attempt."""
+
+    task_id: str
+    sample_index: int = Field(default=0, ge=0)
+    session_id: SessionId
+    attempt: PositiveInt | None = None
+    """Which dispatch of the session this is (1 the first); a later attempt of a session that ended on the node runs
+    it again. Recorded in its result's ``metadata.polar_attempt``."""
+
+
+class SessionBatch(StrictModel):
+    """Body of a gateway's ``POST /sessions/batch``: each task body once, then the sessions to create."""
+
+    tasks: dict[str, dict[str, object]]
+    """task_id → TaskRequest (as JSON): validated once per task, not once per session."""
+    sessions: list[BatchSession]
+
+
+class BatchSessionAnswer(BaseModel):
+    """One session's answer in a batch: ``status`` is what ``POST /sessions`` would have answered for it alone
+    (201 accepted; 400 the gateway cannot run the task; 503 draining; ...), ``error`` its message when refused."""
+
+    session_id: str
+    accepted: bool
+    status: int
+    error: str | None = None
+
+
+class SessionBatchAnswer(BaseModel):
+    """``POST /sessions/batch``: one answer per session, in the order sent."""
+
+    sessions: list[BatchSessionAnswer]
+
+
+class SingleSession(StrictModel):
+    """Body of a gateway's ``POST /sessions``: one session (one sample) of a task."""
+
+    task: TaskRequest
+    sample_index: int = Field(default=0, ge=0)
+    session_id: SessionId | None = None
+    attempt: PositiveInt | None = None
+    """As ``BatchSession.attempt``."""
+
+
+class SessionCreated(BaseModel):
+    """``POST /sessions`` → 201: the session's id and where it stands."""
+
+    session_id: str
+    task_id: str | None = None
+    sample_index: int = 0
+    stage: str
+
+
+class SessionInfo(BaseModel):
+    """``GET /sessions/{id}`` on a gateway (the server's look-up): where the session is, and its result once it has
+    one. A session the node keeps only in its result store has ``stage`` ``finished`` and a result, nothing else."""
+
+    session_id: str
+    stage: str
+    task_id: str | None = None
+    sample_index: int | None = None
+    stage_seconds: dict[str, float] | None = None
+    result: SessionResult | None = None
+
+
+# ``DELETE /sessions/{id}`` (cancel) has no body; it answers the session's (``cancelled``) SessionResult.
+
+
+# ---- server -> gateway: control -----------------------------------------------------------------------------------
+# The place for what the server tells every gateway about the inference pool (issue 20): pause and resume, the policy
+# version, adding and removing backends. Each is a model here, a method of ``GatewayClient``
+# (``polar_cli.node_protocol.to_gateway``) and a route in ``polar_cli.gateway.app``; the state a gateway must have
+# when it registers later goes in ``RegisterAnswer``.
+
+
+# ---- gateway -> server ----------------------------------------------------------------------------------------------
+
+
+class NodeCapacity(StrictModel):
+    run_slots: PositiveInt
+    init_workers: PositiveInt | None = None
+    postrun_workers: PositiveInt | None = None
+
+
+class RegisterBody(StrictModel):
+    """``POST /nodes/register`` (server token)."""
+
+    url: str = Field(min_length=1)
+    token: str = Field(min_length=1, description="the node's own token")
+    node_id: SessionId | None = None
+    capacity: NodeCapacity
+    held_results: list[SessionId] = Field(default_factory=list, description="finished sessions not yet acknowledged")
+
+
+class RegisterAnswer(BaseModel):
+    """``POST /nodes/register``: the node's id (kept in its ``node.json``) and how often it heartbeats."""
+
+    node_id: str
+    heartbeat_interval_s: float
+
+
+class NodeLoadReport(StrictModel):
+    run_slots: NonNegativeInt = 0
+    running: NonNegativeInt = 0
+    queued: NonNegativeInt = 0
+    free_slots: NonNegativeInt = 0
+
+
+class HeartbeatBody(StrictModel):
+    """``POST /nodes/{node_id}/heartbeat`` (node token)."""
+
+    load: NodeLoadReport = Field(default_factory=NodeLoadReport)
+    sessions: list[SessionId] = Field(default_factory=list, description="sessions the node holds, unfinished")
+    draining: bool = Field(default=False, description="the node is stopping: send it nothing new")
+
+
+class HeartbeatAnswer(BaseModel):
+    """``POST /nodes/{node_id}/heartbeat``: sessions the node holds that it should not run (it cancels them)."""
+
+    ok: bool = True
+    cancel: list[str] = Field(default_factory=list)
+
+
+class SessionResultBody(StrictModel):
+    """``POST /callbacks/session_result`` (node token)."""
+
+    node_id: str
+    session_id: SessionId
+    attempt: PositiveInt = 1
+    result: SessionResult
+
+
+class SessionResultAnswer(BaseModel):
+    accepted: bool = True
+    duplicate: bool = False
