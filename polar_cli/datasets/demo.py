@@ -18,6 +18,7 @@ from pydantic import Field
 from polar_cli.errors import ConfigError
 from polar_cli.interfaces import Dataset
 from polar_cli.models import StrictModel, TaskRequest
+from polar_cli.models.task import SCRIPT_KEY
 
 
 def _call(n: int, name: str, **arguments: Any) -> dict[str, Any]:
@@ -128,7 +129,7 @@ def demo_task(name: str, timeout_seconds: float = 300.0) -> TaskRequest:
             "agent": {"harness": "pi"},
             "builder": {"strategy": "prefix_merging"},
             "evaluator": {"strategy": "test_on_output", "config": {"command": test}},
-            "metadata": {"repo": repo, "instance_id": name, "script": script},
+            "metadata": {"repo": repo, "instance_id": name, SCRIPT_KEY: script},
         }
     )
 

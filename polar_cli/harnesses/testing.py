@@ -23,6 +23,7 @@ from typing import Any
 from polar_cli.harnesses.doctor import DEFAULT_IMAGE, DoctorReport, run_doctor
 from polar_cli.interfaces.harness import Harness
 from polar_cli.models import Completion, SessionResult
+from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import read_journal
 from polar_cli.registry import get_harness
 
@@ -103,7 +104,7 @@ def run_task(
             "refresh_runtime": refresh_runtime,
             "config": {"command": f'test "$(cat {RUN_FILE})" = {left + right}'},
         },
-        "metadata": {"script": harness.doctor_script(command)},
+        "metadata": {SCRIPT_KEY: harness.doctor_script(command)},
     }
 
 

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from polar_cli.errors import ConfigError
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import StreamMode
+from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy.retry import RetryConfig
 from polar_cli.web.auth import new_token
 
@@ -55,7 +56,7 @@ class ProxyConfig(StrictModel):
         """ConfigError when the scripted backend would play task ``task_id`` with no script at all (neither the
         proxy's ``script`` nor the task's ``metadata.script``): its sessions would get only the filler turn, not a
         model. ``where`` says where a script can come from in the caller's terms."""
-        if self.backend == "scripted" and self.script is None and "script" not in metadata:
+        if self.backend == "scripted" and self.script is None and SCRIPT_KEY not in metadata:
             raise ConfigError(f"task {task_id!r}: {NO_SCRIPT.format(where=where)}")
 
     def backend_config(self) -> dict[str, Any]:

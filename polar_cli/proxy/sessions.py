@@ -17,6 +17,7 @@ from polar_cli.errors import ConfigError, SessionError, SessionExistsError, brie
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion, validate_model
+from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 
 
@@ -60,9 +61,9 @@ def session_options(
     created."""
     metadata = dict(metadata or {})
     options = _allowed(backend, backend_options or {}, "backend_options")
-    if "script" in metadata:
+    if SCRIPT_KEY in metadata:
         try:
-            script = inline_script(metadata.pop("script"))
+            script = inline_script(metadata.pop(SCRIPT_KEY))
         except ConfigError as exc:
             raise ConfigError(f"metadata.script: {exc}") from exc
         model = backend.session_options
