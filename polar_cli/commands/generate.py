@@ -21,7 +21,15 @@ from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import PipelineConfig
-from polar_cli.generate import GenerateOptions, GenerateProgress, GroupStats, embedded_serve_config, generate
+from polar_cli.generate import (
+    GenerateOptions,
+    GenerateProgress,
+    GroupStats,
+    ResultRow,
+    embedded_serve_config,
+    generate,
+    group_stats,
+)
 from polar_cli.generate.ledger import LEDGER, open_ledger
 from polar_cli.launch import ServeInfo
 from polar_cli.models import SessionResult, validate_model
@@ -151,32 +159,37 @@ def generate_command(
     if interrupted is not None and not (out / LEDGER).is_file():
         console.print(f"interrupted ({interrupted.name}) before anything ran; nothing was written to {out}")
         raise typer.Exit(interrupted.exit_code)
+    rows, failed = finished_sessions(out)
     if as_json:
-        emit_json(summary(out, group_by))
-    completed = report(out, group_by, console if as_json else stdout_console())
+        emit_json(summary(out, group_by, rows, failed))
+    report(out, group_by, rows, failed, console if as_json else stdout_console())
     if interrupted is not None:
         console.print(
-            f"interrupted ({interrupted.name}): the {completed[1]} sessions that finished are kept in {out}; run the "
+            f"interrupted ({interrupted.name}): the {len(rows)} sessions that finished are kept in {out}; run the "
             "same command again to resume (finished sessions are not run again).",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
         raise typer.Exit(interrupted.exit_code)
-    if completed[0] == 0:
+    if not any(r.status == "completed" for r in rows):
         console.print(f"no session completed (see the failed sessions above; their results are in {out})",
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
         raise typer.Exit(1)
 
 
-def summary(out: Path, group_by: str) -> dict[str, Any]:
-    """``--json``'s document: the folder, the acceptance statistics per group (the last is the total), and every
-    session that did not complete."""
-    from polar_cli.generate import group_stats
-
+def finished_sessions(out: Path) -> tuple[list[ResultRow], list[SessionResult]]:
+    """Every final result's summary row in ``out``'s ledger, and the SessionResults of those that did not complete
+    (read once, for the tables and ``--json`` alike)."""
     with open_ledger(out, must_exist=True) as ledger:
         rows = ledger.rows()
         failed = [
             SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
         ]
+    return rows, failed
+
+
+def summary(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult]) -> dict[str, Any]:
+    """``--json``'s document: the folder, the acceptance statistics per group (the last is the total), and every
+    session that did not complete."""
     groups = [{"group": s.group, "tasks": s.tasks, "sessions": s.sessions, "attempts": s.attempts,
                "accepted": s.accepted, "rate": s.rate, "failed": s.failed, "trainable_tokens": s.trainable_tokens,
                "mean_turns": s.mean_turns} for s in group_stats(rows)]  # fmt: skip
@@ -189,23 +202,14 @@ def summary(out: Path, group_by: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def report(out: Path, group_by: str, console: Console) -> tuple[int, int]:
-    """The acceptance table and the sessions that failed (with the ``polar run`` summary table); ``(completed,
-    finished)`` session counts."""
-    from polar_cli.generate import group_stats
-
-    with open_ledger(out, must_exist=True) as ledger:
-        rows = ledger.rows()
-        console.print(group_table(group_stats(rows), group_by))
-        failed = [
-            SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
-        ]
+def report(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult], console: Console) -> None:
+    """The acceptance table and the sessions that failed (with the ``polar run`` summary table)."""
+    console.print(group_table(group_stats(rows), group_by))
     if failed:
         table = summary_table(failed[:20])
         table.title = f"failed sessions ({len(failed)}{', first 20' if len(failed) > 20 else ''})"
         console.print(table)
     console.print(f"{len(rows)} sessions in {out} (export: polar export {out} --to DATASET_DIR)")
-    return sum(r.status == "completed" for r in rows), len(rows)
 
 
 def register(app: typer.Typer) -> None:
