@@ -75,6 +75,8 @@ class PickyGateway:
         self.batches: list[list[tuple[str, int, bool]]] = []  # (session_id, attempt, accepted) per batch
         self.refused: set[int] = set()
         self.single_posts = 0
+        self.silent = False
+        """Set to stop its heartbeats (a gateway that looks dead to the server)."""
         self.runner: web.AppRunner | None = None
         self.work: set[asyncio.Task[Any]] = set()
         self.http = httpx.AsyncClient(base_url=server["url"], timeout=30)
@@ -104,10 +106,11 @@ class PickyGateway:
 
     async def _heartbeats(self, interval: float) -> None:
         while True:
-            load = {"run_slots": 8, "running": len(self.held), "queued": 0, "free_slots": 8}
-            body = {"load": load, "sessions": list(self.held)}
-            with contextlib.suppress(httpx.HTTPError):
-                await self.http.post(f"/nodes/{self.node_id}/heartbeat", json=body, headers=self._auth(self.token))
+            if not self.silent:
+                load = {"run_slots": 8, "running": len(self.held), "queued": 0, "free_slots": 8}
+                body = {"load": load, "sessions": list(self.held)}
+                with contextlib.suppress(httpx.HTTPError):
+                    await self.http.post(f"/nodes/{self.node_id}/heartbeat", json=body, headers=self._auth(self.token))
             await asyncio.sleep(interval)
 
     async def _batch(self, request: web.Request) -> web.Response:
@@ -203,16 +206,6 @@ class HeldGateway(PickyGateway):
         super().__init__(server)
         self.status = status
         self.release = asyncio.Event()
-        self.silent = False
-
-    async def _heartbeats(self, interval: float) -> None:
-        while True:
-            if not self.silent:
-                load = {"run_slots": 8, "running": len(self.held), "queued": 0, "free_slots": 8}
-                body = {"load": load, "sessions": list(self.held)}
-                with contextlib.suppress(httpx.HTTPError):
-                    await self.http.post(f"/nodes/{self.node_id}/heartbeat", json=body, headers=self._auth(self.token))
-            await asyncio.sleep(interval)
 
     async def _batch(self, request: web.Request) -> web.Response:
         if self.batches:
