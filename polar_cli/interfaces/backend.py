@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from polar_cli.interfaces.base import Component
+from polar_cli.errors import BackendError
 from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
+from polar_cli.models.inference import LogprobsMode
 
 
 class BackendClient(ABC):
@@ -28,6 +30,8 @@ class BackendClient(ABC):
     session_options: ClassVar[type[BaseModel] | None] = None
     streams_token_ids: ClassVar[bool] = False
     """True when ``open_stream`` streams chunks with token ids (pass-through streaming); else streams are synthetic."""
+    logprobs_mode: LogprobsMode | None = None
+    """Which distribution the server's logprobs come from (None: unknown, or no logprobs); recorded per completion."""
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
         """Start a streaming generation (only where ``streams_token_ids``); raises BackendError before any chunk."""
@@ -57,6 +61,22 @@ class BackendClient(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the client is not used afterwards."""
+
+    # ---- weight updates (issue 20): what the inference pool asks of one server --------------------------------------
+
+    async def pause_generation(self, timeout_s: float) -> bool:
+        """Freeze the requests in flight on the server, to finish after ``resume_generation`` (a keep-mode pause:
+        vLLM ``POST /pause?mode=keep``); False when the server has no such pause (its calls then just run on)."""
+        return False
+
+    async def resume_generation(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
+        """Undo ``pause_generation``."""
+
+    async def load_weights(self, path: str, timeout_s: float) -> None:
+        """Reload the server's weights in place from ``path`` (a path on the server's machine), with the server's own
+        mechanism (vLLM: ``reload_weights`` through ``/collective_rpc``; SGLang: ``/update_weights_from_disk``);
+        BackendError naming the server when it cannot."""
+        raise BackendError(f"the {self.name or type(self).__name__} backend cannot load weights from disk", status=400)
 
 
 class InferenceBackend(Component):

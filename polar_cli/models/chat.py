@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, overload
 import orjson
 
 from polar_cli.models import TokenSource
+from polar_cli.models.inference import LogprobsMode, VersionSpan
 
 # Sampling/decoding parameters a ChatRequest may carry (OpenAI chat names). Anything else is dropped by codecs.
 SAMPLING_PARAMS = (
@@ -140,6 +141,14 @@ class Generation:
     backend: str | None = None
     backend_seconds: float | None = None
     created: int = 0
+    policy_version: int | None = None
+    """The policy version the call was sampled under (set by the inference pool; the first span's when it crossed an
+    update)."""
+    version_spans: list[VersionSpan] | None = None
+    """Set only when the call crossed a weight update: which response tokens were sampled under which version."""
+    replica: str | None = None
+    """The inference server that answered (its URL)."""
+    logprobs_mode: LogprobsMode | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polar_cli.models.inference import LogprobsMode, VersionSpan
+
 Provider = Literal["anthropic", "openai_chat", "openai_responses", "google"]
 TokenSource = Literal["backend", "retokenized"]
 ABORTED = "abort"
@@ -42,6 +44,16 @@ class Completion(BaseModel):
     started_at: float
     finished_at: float
     backend_seconds: float | None = None
+    policy_version: int | None = Field(
+        default=None, description="the policy version it was sampled under (the first span's when it crossed one)"
+    )
+    version_spans: list[VersionSpan] | None = Field(
+        default=None, description="only when the call crossed a weight update: which tokens came from which version"
+    )
+    replica: str | None = Field(default=None, description="the inference server that answered")
+    logprobs_mode: LogprobsMode | None = Field(
+        default=None, description="raw: the model's distribution; processed: the one sampled from (None: unknown)"
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

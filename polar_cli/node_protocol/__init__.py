@@ -7,7 +7,12 @@ each direction. ``polar_cli.server`` and ``polar_cli.gateway`` both import it; n
 | server → gateway | ``POST /sessions`` | ``SingleSession`` → ``SessionCreated`` (gateways without the batch route) |
 | server → gateway | ``GET /sessions/{id}`` | → ``SessionInfo`` (the look-up) |
 | server → gateway | ``DELETE /sessions/{id}`` | → ``SessionResult`` (cancel) |
-| server → gateway | control: pause, resume, policy version, backend pool | issue 20: its place is in ``messages`` |
+| server → gateway | ``GET /inference`` | → ``PoolStatus`` (``polar_cli.models.inference``) |
+| server → gateway | ``POST /inference/pause`` | ``PauseBody`` → ``PoolStatus`` |
+| server → gateway | ``POST /inference/resume`` | ``ResumeBody`` → ``PoolStatus`` |
+| server → gateway | ``POST /inference/load_weights`` | ``LoadWeightsBody`` → ``PoolStatus`` |
+| server → gateway | ``POST`` / ``DELETE /inference/backends`` | ``BackendBody`` → ``PoolStatus`` (add / remove) |
+| server → gateway | ``POST /inference/cancel_stale`` | ``CancelStaleBody`` → ``CancelStaleAnswer`` |
 | gateway → server | ``POST /nodes/register`` | ``RegisterBody`` → ``RegisterAnswer`` |
 | gateway → server | ``POST /nodes/{node_id}/heartbeat`` | ``HeartbeatBody`` → ``HeartbeatAnswer`` |
 | gateway → server | ``POST /callbacks/session_result`` | ``SessionResultBody`` → ``SessionResultAnswer`` |
@@ -19,7 +24,14 @@ a ``Reply`` (``wire``): the status, the parsed answer, the error message. The ro
 
 from polar_cli.node_protocol.messages import (
     ATTEMPT_KEY,
+    PAUSE_TIMEOUT_S,
+    BackendBody,
     BatchSession,
+    CancelStaleAnswer,
+    CancelStaleBody,
+    LoadWeightsBody,
+    PauseBody,
+    ResumeBody,
     BatchSessionAnswer,
     HeartbeatAnswer,
     HeartbeatBody,
@@ -41,6 +53,13 @@ from polar_cli.node_protocol.wire import Reply
 
 __all__ = [
     "ATTEMPT_KEY",
+    "PAUSE_TIMEOUT_S",
+    "BackendBody",
+    "CancelStaleAnswer",
+    "CancelStaleBody",
+    "LoadWeightsBody",
+    "PauseBody",
+    "ResumeBody",
     "BatchSession",
     "BatchSessionAnswer",
     "GatewayClient",

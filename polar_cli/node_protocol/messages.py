@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
 from polar_cli.ids import SessionId
 from polar_cli.models.base import StrictModel
+from polar_cli.models.inference import PauseMode
 from polar_cli.models.session import SessionResult
 from polar_cli.models.task import TaskRequest
 
@@ -91,11 +92,58 @@ class SessionInfo(BaseModel):
 # ``DELETE /sessions/{id}`` (cancel) has no body; it answers the session's (``cancelled``) SessionResult.
 
 
-# ---- server -> gateway: control -----------------------------------------------------------------------------------
-# The place for what the server tells every gateway about the inference pool (issue 20): pause and resume, the policy
-# version, adding and removing backends. Each is a model here, a method of ``GatewayClient``
-# (``polar_cli.node_protocol.to_gateway``) and a route in ``polar_cli.gateway.app``; the state a gateway must have
-# when it registers later goes in ``RegisterAnswer``.
+# ---- server -> gateway: control (the inference pool) ---------------------------------------------------------------
+# What the server tells every gateway about its inference pool: pause and resume, the policy version, loading weights,
+# adding and removing replicas, cancelling stale sessions. Each is a model here, a method of ``GatewayClient``
+# (``polar_cli.node_protocol.to_gateway``) and a route in ``polar_cli.gateway.app``; every answer that describes the
+# pool is a ``polar_cli.models.inference.PoolStatus``.
+
+PAUSE_TIMEOUT_S = 300.0
+"""How long a pause (and the pause of a weight load) waits for the pool to be quiet, unless the caller says."""
+
+
+class PauseBody(StrictModel):
+    """``POST /inference/pause``: hold new model calls at the proxy; ``wait``: return when no call is in flight."""
+
+    mode: PauseMode = "wait"
+    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0)
+
+
+class ResumeBody(StrictModel):
+    """``POST /inference/resume``: calls held go on, sampled under ``policy_version`` (default: the current one + 1
+    on the server; a gateway is always told the number)."""
+
+    policy_version: int | None = None
+
+
+class BackendBody(StrictModel):
+    """``POST /inference/backends`` (add a replica) and ``DELETE /inference/backends`` (remove: drain, then drop)."""
+
+    url: str = Field(min_length=1, max_length=2000)
+    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0, description="remove: how long its calls may take to end")
+
+
+class LoadWeightsBody(StrictModel):
+    """``POST /inference/load_weights``: pause (wait), every replica reloads its weights from ``path`` (a path on
+    the inference servers' machines) with the server's own mechanism, the version is set, the pool resumes."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    policy_version: int | None = None
+    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0, description="bound on the pause and on each reload")
+    urls: list[str] | None = Field(
+        default=None, description="gateway only: reload just these replicas (the server has each replica reloaded once)"
+    )
+
+
+class CancelStaleBody(StrictModel):
+    """``POST /inference/cancel_stale``: cancel (status ``stale``) every running session whose oldest completion was
+    sampled under a version older than ``older_than`` (default: the current version)."""
+
+    older_than: int | None = None
+
+
+class CancelStaleAnswer(BaseModel):
+    cancelled: list[str] = Field(default_factory=list, description="session ids cancelled as stale")
 
 
 # ---- gateway -> server ----------------------------------------------------------------------------------------------
@@ -118,10 +166,13 @@ class RegisterBody(StrictModel):
 
 
 class RegisterAnswer(BaseModel):
-    """``POST /nodes/register``: the node's id (kept in its ``node.json``) and how often it heartbeats."""
+    """``POST /nodes/register``: the node's id (kept in its ``node.json``), how often it heartbeats, and the state of
+    the inference pool it must take on (the server's policy version; whether sampling is paused)."""
 
     node_id: str
     heartbeat_interval_s: float
+    policy_version: int | None = None
+    paused: PauseMode | None = None
 
 
 class NodeLoadReport(StrictModel):

@@ -127,6 +127,10 @@ def completion_record(
         "started_at": started_at,
         "finished_at": finished_at,
         "backend_seconds": generation.backend_seconds,
+        "policy_version": generation.policy_version,
+        "version_spans": [s.model_dump() for s in generation.version_spans] if generation.version_spans else None,
+        "replica": generation.replica,
+        "logprobs_mode": generation.logprobs_mode,
         "metadata": {
             "path": path,
             "stream": request.stream,

@@ -1,0 +1,58 @@
+"""The inference pool as the rest of Polar sees it: pause modes, replica and pool status, policy-version spans.
+
+A gateway's proxy sends model calls to a pool of inference servers (replicas). The rollout server tells every gateway
+to pause, resume under a new ``policy_version``, load weights, and add or remove replicas; each journaled
+Completion records the version it was sampled under (docs/service.md, "Weight updates").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, NonNegativeInt
+
+PauseMode = Literal["wait", "keep"]
+"""``wait``: no new model call reaches a replica, calls in flight finish, the pause returns when the pool is quiet.
+``keep``: calls in flight are frozen on their replica (the server's own keep-mode pause) and finish under the new
+weights after the resume."""
+
+ReplicaState = Literal["healthy", "unhealthy", "draining"]
+"""``healthy``: in rotation. ``unhealthy``: a call failed to reach it; out of rotation until a health check answers.
+``draining``: being removed; its calls in flight finish, no new call goes to it."""
+
+LogprobsMode = Literal["raw", "processed"]
+"""Which distribution a server's logprobs come from: ``raw`` (the model's, before temperature/top-p/top-k: vLLM's
+default ``raw_logprobs``) or ``processed`` (the distribution actually sampled from: ``processed_logprobs``)."""
+
+INITIAL_POLICY_VERSION = 1
+"""The policy version a fresh rollout server (and a gateway not yet told otherwise) samples under."""
+
+
+class VersionSpan(BaseModel):
+    """From response token ``start`` on (0-based index into ``response_ids``), tokens were sampled under
+    ``version``. A call that crossed a weight update has two or more spans, in order."""
+
+    start: NonNegativeInt
+    version: int
+
+
+class ReplicaStatus(BaseModel):
+    """One inference server of a gateway's pool."""
+
+    url: str
+    state: ReplicaState
+    in_flight: NonNegativeInt = 0
+    calls: NonNegativeInt = Field(default=0, description="calls it answered")
+    errors: NonNegativeInt = Field(default=0, description="calls that failed on it (each retried elsewhere if possible)")
+    last_error: str | None = None
+    sessions: NonNegativeInt = Field(default=0, description="sessions pinned to it (session affinity)")
+
+
+class PoolStatus(BaseModel):
+    """One gateway's pool: the version it samples under, whether it is paused, and its replicas."""
+
+    policy_version: int
+    paused: PauseMode | None = None
+    waiting: NonNegativeInt = Field(default=0, description="model calls held at the proxy by a pause")
+    in_flight: NonNegativeInt = 0
+    replicas: list[ReplicaStatus] = Field(default_factory=list)
