@@ -27,4 +27,3 @@ class BuilderConfig(StrictModel):
         if isinstance(value, list) and not value:
             raise ValueError("eos_token_id list is empty")
         return value
-

@@ -50,9 +50,7 @@ class PrefixMergingBuilder(TraceBuilder):
         if eot is not None:
             meta["end_of_turn_source"] = eot.source
         parts = partition(ordered, eot_ids)
-        traces = [
-            merge_chain(i, chain, ordered, eot_ids, meta) for i, chain in enumerate(parts.chains)
-        ]
+        traces = [merge_chain(i, chain, ordered, eot_ids, meta) for i, chain in enumerate(parts.chains)]
         causes = Counter(b.cause for b in parts.breaks)
         stats = {
             "builder": self.name,

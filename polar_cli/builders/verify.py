@@ -76,7 +76,12 @@ class _Checker:
                 self.by_first[c.response_ids[0]].append(pos)
 
     def fail(
-        self, code: str, message: str, *, trace: int | None = None, completion_id: str | None = None,
+        self,
+        code: str,
+        message: str,
+        *,
+        trace: int | None = None,
+        completion_id: str | None = None,
         position: int | None = None,
     ) -> None:
         self.count += 1
@@ -96,8 +101,13 @@ class _Checker:
                 if entries is not None:
                     bad = next((j for j in range(start, end) if entries[j]["logprob"] != 0.0), None)
                     if bad is not None:
-                        self.fail("sampled_interstitial", f"trace {ti}: mask-0 token at {bad} carries logprob "
-                                  f"{entries[bad]['logprob']}, not a placeholder", trace=ti, position=bad)
+                        self.fail(
+                            "sampled_interstitial",
+                            f"trace {ti}: mask-0 token at {bad} carries logprob "
+                            f"{entries[bad]['logprob']}, not a placeholder",
+                            trace=ti,
+                            position=bad,
+                        )
                 zero = (start, end)
                 continue
             offset = start
@@ -106,8 +116,13 @@ class _Checker:
                 if pos == _REPORTED:
                     break
                 if pos is None:
-                    self.fail("unsampled_trainable", f"trace {ti}: mask-1 tokens {offset}..{end - 1} are not the "
-                              "sampled tokens of any completion not placed elsewhere", trace=ti, position=offset)
+                    self.fail(
+                        "unsampled_trainable",
+                        f"trace {ti}: mask-1 tokens {offset}..{end - 1} are not the "
+                        "sampled tokens of any completion not placed elsewhere",
+                        trace=ti,
+                        position=offset,
+                    )
                     break
                 self._place(ti, trace, offset, pos, prev, zero)
                 prev, zero = pos, None
@@ -129,13 +144,12 @@ class _Checker:
             self.fail("misaligned", f"trace {ti}: {problem}", trace=ti)
         return problem is None
 
-    def _match(
-        self, trace: Trace, offset: int, end: int, prev: int | None, zero: tuple[int, int] | None
-    ) -> int | None:
+    def _match(self, trace: Trace, offset: int, end: int, prev: int | None, zero: tuple[int, int] | None) -> int | None:
         """The completion whose sampled tokens start at ``offset``: unused, context-consistent ones first."""
         ids = trace.response_ids
         fitting = [
-            pos for pos in self.by_first.get(ids[offset], ())
+            pos
+            for pos in self.by_first.get(ids[offset], ())
             if offset + len(r := self.completions[pos].response_ids) <= end and ids[offset : offset + len(r)] == r
         ]
         unused = [pos for pos in fitting if pos not in self.placed]
@@ -143,8 +157,13 @@ class _Checker:
             if fitting:
                 c = self.completions[fitting[0]]
                 where = self.placed[fitting[0]]
-                self.fail("duplicated", f"sampled tokens of completion {c.completion_id!r} (placed in trace "
-                          f"{where[0]}) appear again at {offset}", completion_id=c.completion_id, position=offset)
+                self.fail(
+                    "duplicated",
+                    f"sampled tokens of completion {c.completion_id!r} (placed in trace "
+                    f"{where[0]}) appear again at {offset}",
+                    completion_id=c.completion_id,
+                    position=offset,
+                )
                 return _REPORTED
             return None
         consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero)]
@@ -183,8 +202,13 @@ class _Checker:
         c = self.completions[pos]
         self.placed[pos] = (ti, offset)
         for problem in self._context_problems(trace, pos, prev, zero):
-            self.fail("context", f"trace {ti}: completion {c.completion_id!r} at {offset}: {problem}",
-                      trace=ti, completion_id=c.completion_id, position=offset)
+            self.fail(
+                "context",
+                f"trace {ti}: completion {c.completion_id!r} at {offset}: {problem}",
+                trace=ti,
+                completion_id=c.completion_id,
+                position=offset,
+            )
         entries = trace.response_logprobs
         n = len(c.response_ids)
         if entries is None:
@@ -194,28 +218,47 @@ class _Checker:
             return
         got = [e["logprob"] for e in entries[offset : offset + n]]
         if c.response_logprobs is None:
-            self.fail("logprob_mismatch", f"trace {ti}: logprobs at {offset}.. for completion {c.completion_id!r}, "
-                      "which recorded none", trace=ti, completion_id=c.completion_id, position=offset)
+            self.fail(
+                "logprob_mismatch",
+                f"trace {ti}: logprobs at {offset}.. for completion {c.completion_id!r}, which recorded none",
+                trace=ti,
+                completion_id=c.completion_id,
+                position=offset,
+            )
         elif got != c.response_logprobs:
             pairs = zip(got, c.response_logprobs, strict=True)
             j = next((j for j, (a, b) in enumerate(pairs) if not _same(a, b)), None)
             if j is not None:
-                self.fail("logprob_mismatch", f"trace {ti}: logprob {got[j]} at {offset + j} but completion "
-                          f"{c.completion_id!r} sampled it with {c.response_logprobs[j]}",
-                          trace=ti, completion_id=c.completion_id, position=offset + j)
+                self.fail(
+                    "logprob_mismatch",
+                    f"trace {ti}: logprob {got[j]} at {offset + j} but completion "
+                    f"{c.completion_id!r} sampled it with {c.response_logprobs[j]}",
+                    trace=ti,
+                    completion_id=c.completion_id,
+                    position=offset + j,
+                )
         if c.response_tokens is not None:
             for j, e in enumerate(entries[offset : offset + n]):
                 text = e.get("token")
                 if text is not None and text != c.response_tokens[j]:
-                    self.fail("token_text_mismatch", f"trace {ti}: token text {text!r} at {offset + j}, sampled "
-                              f"{c.response_tokens[j]!r}", trace=ti, completion_id=c.completion_id, position=offset + j)
+                    self.fail(
+                        "token_text_mismatch",
+                        f"trace {ti}: token text {text!r} at {offset + j}, sampled {c.response_tokens[j]!r}",
+                        trace=ti,
+                        completion_id=c.completion_id,
+                        position=offset + j,
+                    )
                     break
 
     def missing(self) -> None:
         for pos, c in enumerate(self.completions):
             if c.response_ids and pos not in self.placed:
-                self.fail("missing", f"the {len(c.response_ids)} sampled tokens of completion {c.completion_id!r} "
-                          f"(index {c.index}) appear in no trace as trainable tokens", completion_id=c.completion_id)
+                self.fail(
+                    "missing",
+                    f"the {len(c.response_ids)} sampled tokens of completion {c.completion_id!r} "
+                    f"(index {c.index}) appear in no trace as trainable tokens",
+                    completion_id=c.completion_id,
+                )
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int, int]]:

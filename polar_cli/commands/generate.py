@@ -151,9 +151,7 @@ def generate_command(
             progress.update(bar, total=p.total, completed=p.done, counts=counts)
 
         try:
-            run_until_stopped(
-                generate(options, out, server=target, token=token, on_start=started, on_progress=update)
-            )
+            run_until_stopped(generate(options, out, server=target, token=token, on_start=started, on_progress=update))
         except Interrupted as stop:
             interrupted = stop
     if interrupted is not None and not (out / LEDGER).is_file():

@@ -19,8 +19,9 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
     if not (folder / "README.md").is_file():
         raise ConfigError(f"{folder} is not an exported dataset (no README.md): run polar export first")
     if hf_hub.offline():
-        raise HubError("offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): the Hub cannot be reached "
-                       "(unset it to push)")
+        raise HubError(
+            "offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): the Hub cannot be reached (unset it to push)"
+        )
     huggingface_hub = require("huggingface_hub", needed_by="polar push-hub")
     from huggingface_hub.errors import HfHubHTTPError
 

@@ -385,7 +385,7 @@ class StagedPipeline:
     async def _teardown(self, job: SessionJob, *, immediate: bool) -> str | None:
         """Free the session's resources; a graceful teardown that fails or hangs is redone immediately."""
         limit = self.config.teardown_timeout_seconds
-        for now in ((immediate,) if immediate else (False, True)):
+        for now in (immediate,) if immediate else (False, True):
             try:
                 await _within(self.driver.teardown(job, immediate=now), _deadline_in(limit))
                 return None

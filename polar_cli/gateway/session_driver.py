@@ -56,9 +56,7 @@ def tools_dir_for(harness: Harness) -> Path | None:
 class GatewaySessionDriver:
     """Drives real sessions; ``proxy.base_url`` must be set (the gateway is listening) before INIT runs."""
 
-    def __init__(
-        self, proxy: ProxyState, *, scratch_root: Path | None = None, base_dir: Path | None = None
-    ) -> None:
+    def __init__(self, proxy: ProxyState, *, scratch_root: Path | None = None, base_dir: Path | None = None) -> None:
         self.proxy = proxy
         self.scratch_root = scratch_root
         self.base_dir = base_dir

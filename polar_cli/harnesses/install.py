@@ -139,4 +139,3 @@ def install(spec: NpmInstall, *, force: bool = False, timeout: float = INSTALL_T
             shutil.rmtree(spec.prefix)
         os.replace(partial, spec.prefix)
         return spec.prefix
-

@@ -133,8 +133,7 @@ def polar_run_file(task_file: Path, folder: Path, *args: str, cwd: Path | None =
         return [RunReport(done.returncode, output, None, [])]
     results = [SessionResult.model_validate_json(line) for line in lines]
     return [
-        RunReport(done.returncode, output, r, read_journal(data / "journal" / f"{r.session_id}.jsonl"))
-        for r in results
+        RunReport(done.returncode, output, r, read_journal(data / "journal" / f"{r.session_id}.jsonl")) for r in results
     ]
 
 

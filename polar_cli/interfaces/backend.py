@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from polar_cli.interfaces.base import Component
 from polar_cli.errors import BackendError
+from polar_cli.interfaces.base import Component
 from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
 from polar_cli.models.inference import LogprobsMode
 

@@ -43,7 +43,7 @@ class ReplicaStatus(BaseModel):
     state: ReplicaState
     in_flight: NonNegativeInt = 0
     calls: NonNegativeInt = Field(default=0, description="calls it answered")
-    errors: NonNegativeInt = Field(default=0, description="calls that failed on it (each retried elsewhere if possible)")
+    errors: NonNegativeInt = Field(default=0, description="calls that failed on it (retried elsewhere if possible)")
     last_error: str | None = None
     sessions: NonNegativeInt = Field(default=0, description="sessions pinned to it (session affinity)")
 

@@ -48,6 +48,7 @@ class LocalOptions(StrictModel):
         default="auto", description="namespace: a private mount namespace per command; auto: that when it works"
     )
 
+
 # Runs as `sh -c NS_SCRIPT polar-ns ROOT PARENT CWD ARGV...` inside `unshare --mount`: hide every session's scratch
 # under a tmpfs, then bind this session's root back (via the still-open cwd: /proc/self/cwd, not canonicalized).
 # The command's own arguments only ever travel as "$@".
@@ -228,4 +229,3 @@ class LocalRuntime(ScratchRuntime):
 
     async def release_leftover(self, root: Path) -> None:
         await kill_marked(f"POLAR_SESSION_DIR={root / 'session'}".encode(), KILL_GRACE_SECONDS)
-
