@@ -6,6 +6,10 @@ out of ``sys.path``: a package there, such as polar_cli/datasets, would shadow a
 
     python -P polar_cli/demo_model.py tokenizer OUT_DIR   # needs `tokenizers` + `transformers`
     python -P polar_cli/demo_model.py model OUT_DIR       # also needs `torch`
+    python -P polar_cli/demo_model.py model OUT_DIR --seed 7   # the same model with other random weights
+
+Other seeds give the same tokenizer and architecture with different weights: what a trainer's checkpoint looks like
+to an inference server that reloads weights in place.
 """
 
 from __future__ import annotations
@@ -255,8 +259,9 @@ def build_demo_tokenizer(out_dir: str | Path) -> Path:
     return out
 
 
-def build_demo_model(out_dir: str | Path) -> Path:
-    """Build the demo tokenizer plus a tiny random-weight Qwen2 causal LM into ``out_dir``."""
+def build_demo_model(out_dir: str | Path, seed: int = SEED) -> Path:
+    """Build the demo tokenizer plus a tiny random-weight Qwen2 causal LM into ``out_dir``; ``seed`` draws the
+    weights (the default gives the byte-identical demo model)."""
     out = build_demo_tokenizer(out_dir)
 
     import torch
@@ -280,7 +285,7 @@ def build_demo_model(out_dir: str | Path) -> Path:
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(str(out), safe_serialization=True)
     # save_pretrained rewrites generation_config.json (with its own defaults); keep ours minimal and explicit.
@@ -306,14 +311,19 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+_USAGE = "usage: demo_model.py tokenizer OUT_DIR | demo_model.py model OUT_DIR [--seed N]"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``demo_model.py {tokenizer|model} OUT_DIR``."""
+    """CLI: ``demo_model.py tokenizer OUT_DIR`` or ``demo_model.py model OUT_DIR [--seed N]``."""
     args = sys.argv[1:] if argv is None else argv
+    seed = SEED
+    if len(args) == 4 and args[0] == "model" and args[2] == "--seed" and args[3].lstrip("-").isdigit():
+        seed, args = int(args[3]), args[:2]
     if len(args) != 2 or args[0] not in ("tokenizer", "model"):
-        print("usage: demo_model.py {tokenizer|model} OUT_DIR", file=sys.stderr)
+        print(_USAGE, file=sys.stderr)
         return 2
-    builder = build_demo_tokenizer if args[0] == "tokenizer" else build_demo_model
-    print(builder(args[1]))
+    print(build_demo_tokenizer(args[1]) if args[0] == "tokenizer" else build_demo_model(args[1], seed))
     return 0
 
 

@@ -16,6 +16,7 @@ from polar_cli.errors import BackendError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import ChatRequest, Generation
+from polar_cli.models.inference import LogprobsMode
 from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_after, with_retries
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -35,6 +36,12 @@ class HttpBackendConfig(StrictModel):
     max_connections: int = Field(default=512, ge=1)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every upstream request")
+    logprobs_mode: LogprobsMode | None = Field(
+        default=None,
+        description="which distribution the server's logprobs come from (raw: the model's, before temperature/top-p; "
+        "processed: the one sampled from), recorded per completion; default: vllm asks the server (dev mode) and "
+        "else assumes its default raw, other backends leave it unknown",
+    )
 
 
 def api_base(url: str) -> str:
@@ -96,6 +103,7 @@ class HttpChatClient(BackendClient):
         self.base = api_base(config.url)
         self._session: aiohttp.ClientSession | None = None
         self._model: str | None = config.model
+        self.logprobs_mode = config.logprobs_mode
         self._headers = dict(_JSON_HEADERS)
         if config.api_key:
             self._headers["Authorization"] = f"Bearer {config.api_key}"
@@ -161,6 +169,48 @@ class HttpChatClient(BackendClient):
             timeout_s=self.config.timeout_s,
             what=f"{self.name} backend at {self.base}",
         )
+
+    async def control(self, path: str, body: dict[str, Any] | None, timeout_s: float, *, what: str) -> Any:
+        """One POST to a control route of the server (pause, resume, weights) within ``timeout_s``, never retried (a
+        pause or a weight load is not blindly repeated): the parsed JSON answer, None for an empty or non-JSON body.
+
+        BackendError naming ``what`` and the server's URL; its status is the server's own for a 4xx (404: the server
+        has no such route, which callers explain), 504 on the timeout, else 502."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                data = orjson.dumps(body) if body is not None else None
+                async with self.session.post(self.base + path, data=data, timeout=timeout) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+        except TimeoutError as exc:
+            raise BackendError(
+                f"{what} on the {self.name} server at {self.config.url} did not finish within {timeout_s:g} s",
+                status=504,
+            ) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise BackendError(
+                f"{what}: the {self.name} server at {self.config.url} is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+        if status >= 400:
+            raise BackendError(
+                f"{what} on the {self.name} server at {self.config.url} failed: HTTP {status}: {_error_message(raw)}",
+                status=status if status < 500 else 502,
+            )
+        try:
+            return orjson.loads(raw) if raw.strip() else None
+        except orjson.JSONDecodeError:
+            return None
+
+    async def control_if_served(self, path: str, body: dict[str, Any] | None, timeout_s: float, *, what: str) -> bool:
+        """``control`` for a route the server may lack (an older version, a mode that is off): False on its 404."""
+        try:
+            await self.control(path, body, timeout_s, what=what)
+        except BackendError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def load_answer(self, raw: bytes) -> Any:
         """Parse a chat answer (backends may skip parsing bulky parts, see vllm)."""

@@ -1,4 +1,9 @@
-"""The SGLang backend: ``return_prompt_token_ids`` + ``return_meta_info`` (and newer ``return_token_ids``)."""
+"""The SGLang backend: ``return_prompt_token_ids`` + ``return_meta_info`` (and newer ``return_token_ids``).
+
+Weight updates use SGLang's own routes (docs "sglang_for_rl"; not run here: SGLang has no CPU build to test against):
+``POST /pause_generation {"mode": "retract"}``, ``POST /continue_generation`` and ``POST /update_weights_from_disk
+{"model_path"}`` → ``{"success", "message", "num_paused_requests"}``.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +41,25 @@ def output_token_logprobs(meta: dict[str, Any]) -> tuple[list[int], list[float]]
 class SglangClient(HttpChatClient):
     name = "sglang"
 
+    async def pause_generation(self, timeout_s: float) -> bool:
+        """``POST /pause_generation {"mode": "retract"}``: the scheduler stops and its running requests go back to the
+        waiting queue, to be recomputed under the new weights after ``/continue_generation``. Not ``in_place``: that
+        mode keeps the KV cache of the old weights, and the cache flush of a weight update fails while it holds
+        requests. False on a server without the route (404)."""
+        return await self.control_if_served("/pause_generation", {"mode": "retract"}, timeout_s, what="a pause")
+
+    async def resume_generation(self, timeout_s: float) -> None:
+        await self.control_if_served("/continue_generation", {}, timeout_s, what="continuing generation")
+
+    async def load_weights(self, path: str, timeout_s: float) -> None:
+        """``POST /update_weights_from_disk {"model_path": path}`` (it flushes the cache itself); BackendError with the
+        server's message when it answers ``success: false``."""
+        what = f"loading weights from {path}"
+        answer = await self.control("/update_weights_from_disk", {"model_path": path}, timeout_s, what=what)
+        if not isinstance(answer, dict) or answer.get("success") is not True:
+            message = answer.get("message") if isinstance(answer, dict) else answer
+            raise BackendError(f"{what} on the SGLang server at {self.config.url} failed: {message}")
+
     def token_switches(self) -> dict[str, Any]:
         return _SWITCHES
 
@@ -53,8 +77,9 @@ class SglangClient(HttpChatClient):
                 logprobs = pairs[1]
         if prompt_ids is None or response_ids is None:
             raise BackendError(
-                "the SGLang server returned no token ids (choices[0].prompt_token_ids / meta_info."
-                "output_token_logprobs); it needs return_prompt_token_ids and return_meta_info (SGLang >= 0.5.13)"
+                f"the SGLang server at {self.config.url} answered without token ids (choices[0].prompt_token_ids / "
+                "meta_info.output_token_logprobs): it needs return_prompt_token_ids and return_meta_info (SGLang >= "
+                "0.5.13), and SGLang's router strips them (point the backend URL at a worker itself)"
             )
         return base_generation(
             data,

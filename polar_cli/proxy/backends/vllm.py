@@ -1,8 +1,14 @@
-"""The vLLM backend: exact prompt and sampled token ids plus logprobs from vLLM's chat endpoint (vLLM >= 0.10.2)."""
+"""The vLLM backend: exact prompt and sampled token ids plus logprobs from vLLM's chat endpoint (vLLM >= 0.10.2).
+
+Weight updates use the routes a vLLM server has only with ``VLLM_SERVER_DEV_MODE=1`` (checked on vLLM 0.32,
+.ci/VLLM_NOTES.md "Weight updates"): ``POST /pause?mode=keep`` and ``/resume``, ``POST /collective_rpc`` running the
+worker's ``reload_weights`` and ``POST /reset_prefix_cache``, and ``GET /server_info`` for ``--logprobs-mode``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,11 +17,13 @@ import orjson
 
 from polar_cli.errors import BackendError
 from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, UpstreamStream
-from polar_cli.proxy.backends.http import HttpChatClient, base_generation, upstream_error
+from polar_cli.models.inference import LogprobsMode
+from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation, upstream_error
 from polar_cli.proxy.retry import with_retries
 from polar_cli.proxy.streaming import UpstreamStreamError, sse_chunks
 
 _SWITCHES = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+_LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 
 
 _KEY = b'"prompt_token_ids":'
@@ -68,6 +76,63 @@ class VllmStream:
 class VllmClient(HttpChatClient):
     name = "vllm"
     streams_token_ids = True
+
+    def __init__(self, config: HttpBackendConfig) -> None:
+        super().__init__(config)
+        self.logprobs_mode = config.logprobs_mode or "raw"  # vLLM's default --logprobs-mode; preflight asks the server
+
+    async def preflight(self, timeout_s: float) -> None:
+        """The server answers and serves the model; without a configured ``logprobs_mode``, take the server's own."""
+        await super().preflight(timeout_s)
+        if self.config.logprobs_mode is None:
+            self.logprobs_mode = await self.served_logprobs_mode(timeout_s)
+
+    async def served_logprobs_mode(self, timeout_s: float) -> LogprobsMode:
+        """The server's ``--logprobs-mode`` from ``GET /server_info`` (dev mode only); vLLM's default ``raw`` where the
+        server does not say. BackendError when it returns logits, which are no logprobs a trainer can use."""
+        try:
+            info = await self._once("GET", "/server_info?config_format=json", None, budget_s=timeout_s)
+            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
+        except (BackendError, KeyError, TypeError):
+            return "raw"  # no dev mode (404), or a shape this version does not have
+        if mode not in _LOGPROBS_MODES:
+            raise BackendError(
+                f"the vLLM server at {self.config.url} runs with --logprobs-mode {mode}: it returns logits, not "
+                "logprobs; start it with --logprobs-mode processed_logprobs (or raw_logprobs)",
+                status=409,
+            )
+        return _LOGPROBS_MODES[mode]
+
+    async def pause_generation(self, timeout_s: float) -> bool:
+        """``POST /pause?mode=keep``: requests in flight stay frozen on the server; False without dev mode (404)."""
+        return await self.control_if_served("/pause?mode=keep", None, timeout_s, what="a keep-mode pause")
+
+    async def resume_generation(self, timeout_s: float) -> None:
+        """``POST /resume`` (nothing to resume on a server without dev mode)."""
+        await self.control_if_served("/resume", None, timeout_s, what="resuming generation")
+
+    async def load_weights(self, path: str, timeout_s: float) -> None:
+        """``reload_weights`` from ``path`` through ``POST /collective_rpc``, in place, then ``POST
+        /reset_prefix_cache``: the reload leaves KV computed under the old weights in the prefix cache, which later
+        calls would reuse (requests frozen by a keep-mode pause are recomputed under the new weights)."""
+        deadline = time.monotonic() + timeout_s
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": timeout_s}
+        try:
+            await self.control("/collective_rpc", rpc, timeout_s, what=f"loading weights from {path}")
+        except BackendError as exc:
+            if exc.status == 404:
+                raise BackendError(
+                    f"the vLLM server at {self.config.url} cannot load weights from disk: it has no /collective_rpc "
+                    "route; start it with VLLM_SERVER_DEV_MODE=1",
+                    status=409,
+                ) from exc
+            raise
+        await self.control(
+            "/reset_prefix_cache?reset_running_requests=true",
+            None,
+            max(deadline - time.monotonic(), 1.0),
+            what=f"resetting the prefix cache after loading weights from {path}",
+        )
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
         """POST a streaming chat request; transient failures before the first byte are retried like ``generate``."""
@@ -138,8 +203,9 @@ class VllmClient(HttpChatClient):
         response_ids = choice.get("token_ids")
         if prompt_ids is None or response_ids is None:
             raise BackendError(
-                "the vLLM server returned no token ids (prompt_token_ids / choices[0].token_ids); "
-                "return_token_ids needs vLLM >= 0.10.2"
+                f"the vLLM server at {self.config.url} answered without token ids (prompt_token_ids / "
+                "choices[0].token_ids): return_token_ids needs vLLM >= 0.10.2, and a router in front of the server "
+                "may strip them (point the backend URL at the vLLM server itself)"
             )
         logprobs: list[float] | None = None
         tokens: list[str] | None = None
