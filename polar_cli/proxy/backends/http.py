@@ -180,7 +180,10 @@ class HttpChatClient(BackendClient):
         try:
             async with asyncio.timeout(timeout_s):
                 data = orjson.dumps(body) if body is not None else None
-                async with self.session.post(self.base + path, data=data, timeout=timeout) as resp:
+                # a connection of its own: vLLM drops a kept-alive connection after a 500, so a pooled one may be
+                # dead, and this call is not retried
+                headers = {"Connection": "close"}
+                async with self.session.post(self.base + path, data=data, headers=headers, timeout=timeout) as resp:
                     raw = await resp.read()
                     status = resp.status
         except TimeoutError as exc:
