@@ -122,8 +122,9 @@ def test_vllm_without_token_ids_is_a_clear_error(peer: Peer) -> None:
     answer = vllm_answer(content="a")
     del answer["prompt_token_ids"]
     peer.replies.append((200, answer))
-    with pytest.raises(BackendError, match="return_token_ids needs vLLM"):
+    with pytest.raises(BackendError, match="return_token_ids needs vLLM") as info:
         peer.generate(peer.client("vllm"))
+    assert peer.url in str(info.value) and "router" in str(info.value)  # names the replica, says what may be wrong
 
 
 def test_transient_errors_are_retried(peer: Peer) -> None:
