@@ -267,7 +267,7 @@ class ProxyCall:
             record["metadata"]["sampling"] = session.sampling.forced()
         await registry.record(session, record)
         if generation.response_logprobs is not None:
-            registry.raw_logprobs.check(session.task, self.chat.params, generation.logprobs_mode)
+            registry.raw_logprobs.check(session.task_key, self.chat.params, generation.logprobs_mode)
 
 
 async def _root(request: web.Request) -> web.Response:

@@ -94,7 +94,7 @@ class Session:
     """Forced onto every model call of the session (its task's ``agent.sampling``)."""
 
     @property
-    def task(self) -> str:
+    def task_key(self) -> str:
         """What the once-per-task warnings are keyed by: ``metadata.task_id``, else the session id."""
         task_id = self.metadata.get("task_id")
         return str(task_id) if task_id is not None else self.session_id
