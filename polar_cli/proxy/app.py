@@ -250,8 +250,6 @@ class ProxyCall:
         ``request_params`` are what went upstream; ``metadata.sampling`` what the session's task forced. Logprobs of a
         reshaped distribution recorded raw are warned about once per task."""
         registry, session = self.state.registry, self.session
-        if generation.logprobs_mode is None and generation.response_logprobs is not None:
-            generation.logprobs_mode = self.state.backend.logprobs_mode
         record = completion_record(
             session_id=session.session_id,
             index=session.count,

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import Completion, SamplingSpec
+from polar_cli.models.inference import LogprobsMode
 from polar_cli.proxy.sampling import RawLogprobsWarning, apply_sampling, reshaping
 from tests.gateway.test_node import config as gateway_config
 from tests.gateway.test_node import task as gateway_task
@@ -186,6 +187,12 @@ def test_post_sessions_refuses_bad_sampling_with_a_400(
 # ---- honest logprobs -----------------------------------------------------------------------------------------------
 
 
+def logprobs_mode(running: RunningProxy, mode: LogprobsMode) -> None:
+    """What the proxy's backend says of its logprobs (the vllm backend's ``logprobs_mode`` option, or the server's)."""
+    for client in running.state.pool.clients():
+        client.logprobs_mode = mode
+
+
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "polar.proxy" and "raw logprobs" in r.getMessage()]
 
@@ -194,7 +201,7 @@ def test_raw_logprobs_of_a_reshaped_distribution_are_warned_about_once_per_task(
     start_proxy: Callable[..., RunningProxy], upstream: CapturingUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     running = vllm_proxy(start_proxy, upstream)
-    running.state.backend.logprobs_mode = "raw"
+    logprobs_mode(running, "raw")
     hot = {"temperature": 0.6}
     sessions = [
         running.new_session(sampling=hot, metadata={"task_id": "task-a", "sample_index": 0}),
@@ -220,7 +227,7 @@ def test_the_harness_temperature_counts_when_the_task_sets_none_and_the_session_
     start_proxy: Callable[..., RunningProxy], upstream: CapturingUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     running = vllm_proxy(start_proxy, upstream)
-    running.state.backend.logprobs_mode = "raw"
+    logprobs_mode(running, "raw")
     session = running.new_session(sampling={"seed": 1})
     with caplog.at_level(logging.WARNING, logger="polar.proxy"):
         for _ in range(2):
@@ -233,7 +240,7 @@ def test_processed_logprobs_are_not_warned_about_and_are_recorded(
     start_proxy: Callable[..., RunningProxy], upstream: CapturingUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     running = vllm_proxy(start_proxy, upstream)
-    running.state.backend.logprobs_mode = "processed"
+    logprobs_mode(running, "processed")
     session = running.new_session(sampling={"temperature": 0.3, "top_p": 0.8})
     with caplog.at_level(logging.WARNING, logger="polar.proxy"):
         assert call(session, "openai_chat").status_code == 200
