@@ -21,6 +21,7 @@ from polar_cli.models.task import (
     Mount,
     PrepareAction,
     RuntimeSpec,
+    SamplingSpec,
     TaskRequest,
 )
 from polar_cli.models.trace import TokenLogprob, Trace, Trajectory, TrajectoryStatus
@@ -38,6 +39,7 @@ __all__ = [
     "PrepareAction",
     "Provider",
     "RuntimeSpec",
+    "SamplingSpec",
     "ServiceStatus",
     "SessionResult",
     "SessionResultCallback",
