@@ -65,7 +65,7 @@ def test_sglang_pauses_by_retracting_loads_from_disk_and_continues(loop_thread: 
 
     async def work(client: HttpChatClient) -> bool:
         paused = await client.pause_generation(5)
-        await client.load_weights("/ckpt/step-2", 5)
+        await client.reload_weights("/ckpt/step-2", 5)
         await client.resume_generation(5)
         return paused
 
@@ -83,7 +83,7 @@ def test_sglang_update_weights_answering_success_false_is_an_error_naming_the_se
     failed = {"success": False, "message": "Failed to get weights iterator: no safetensors", "num_paused_requests": 0}
     peer = ControlPeer(loop_thread, {"/update_weights_from_disk": (status, failed, 0)})
     with pytest.raises(BackendError) as info:
-        peer.run("sglang", lambda client: client.load_weights("/ckpt/empty", 5))
+        peer.run("sglang", lambda client: client.reload_weights("/ckpt/empty", 5))
     message = str(info.value)
     assert peer.url in message and "/ckpt/empty" in message and "no safetensors" in message
     assert info.value.status == (400 if status == 400 else 502)
@@ -106,7 +106,7 @@ def test_vllm_without_dev_mode_has_no_pause_and_cannot_load_weights(loop_thread:
 
     assert peer.run("vllm", work) == (False, "raw")  # vLLM's default logprobs mode when the server does not say
     with pytest.raises(BackendError) as info:
-        peer.run("vllm", lambda client: client.load_weights("/ckpt/step-2", 5))
+        peer.run("vllm", lambda client: client.reload_weights("/ckpt/step-2", 5))
     assert info.value.status == 409
     assert peer.url in str(info.value) and "VLLM_SERVER_DEV_MODE=1" in str(info.value)
 

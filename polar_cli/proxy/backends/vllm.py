@@ -111,7 +111,7 @@ class VllmClient(HttpChatClient):
         """``POST /resume`` (nothing to resume on a server without dev mode)."""
         await self.control_if_served("/resume", None, timeout_s, what="resuming generation")
 
-    async def load_weights(self, path: str, timeout_s: float) -> None:
+    async def reload_weights(self, path: str, timeout_s: float) -> None:
         """``reload_weights`` from ``path`` through ``POST /collective_rpc``, in place, then ``POST
         /reset_prefix_cache``: the reload leaves KV computed under the old weights in the prefix cache, which later
         calls would reuse (requests frozen by a keep-mode pause are recomputed under the new weights)."""
@@ -126,7 +126,11 @@ class VllmClient(HttpChatClient):
                     "route; start it with VLLM_SERVER_DEV_MODE=1",
                     status=409,
                 ) from exc
-            raise
+            raise BackendError(
+                f"{exc}. vLLM may have dropped the old weights already: load a checkpoint that works before this "
+                "server serves again (a model call now can kill its engine)",
+                status=exc.status,
+            ) from exc
         await self.control(
             "/reset_prefix_cache?reset_running_requests=true",
             None,
@@ -203,7 +207,7 @@ class VllmClient(HttpChatClient):
         response_ids = choice.get("token_ids")
         if prompt_ids is None or response_ids is None:
             raise BackendError(
-                f"the vLLM server at {self.config.url} answered without token ids (prompt_token_ids / "
+                f"the vLLM server at {self.config.url} returned no token ids (prompt_token_ids / "
                 "choices[0].token_ids): return_token_ids needs vLLM >= 0.10.2, and a router in front of the server "
                 "may strip them (point the backend URL at the vLLM server itself)"
             )
