@@ -21,6 +21,7 @@ import pytest
 from polar_cli.errors import BackendError
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.vllm import VllmClient
+from polar_cli.proxy.pool import InferencePool
 from polar_cli.registry import get_backend
 from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url, write_demo_model
 
@@ -163,3 +164,31 @@ def test_the_logprobs_mode_is_the_servers_unless_configured(vllm_url: str) -> No
     assert info["vllm_config"]["model_config"]["logprobs_mode"] == "raw_logprobs"  # what the client reads
     assert with_client(vllm_url, preflighted) == "raw"
     assert with_client(vllm_url, preflighted, logprobs_mode="processed") == "processed"  # the operator's word
+
+
+def test_the_pools_load_weights_reloads_the_server_and_the_version_on_completions_follows(
+    vllm_url: str, vllm_model_dir: Path, other_weights: Path
+) -> None:
+    """``InferencePool.load_weights`` (what the gateway's ``/inference/load_weights`` runs): pause, reload, resume under
+    the new version. The Generations say which version, and which replica, sampled them."""
+
+    async def work() -> list[Generation]:
+        pool = InferencePool(lambda url: get_backend("vllm").client(url=url, model=MODEL_NAME), [vllm_url])
+        try:
+            first = await pool.generate(REQUEST, session_id="s")
+            status = await pool.load_weights(str(other_weights), policy_version=2, timeout_s=LOAD_S)
+            assert status.policy_version == 2 and status.paused is None
+            second = await pool.generate(REQUEST, session_id="s")
+            await pool.load_weights(str(vllm_model_dir), timeout_s=LOAD_S)  # no version given: the next one
+            return [first, second, await pool.generate(REQUEST, session_id="s")]
+        finally:
+            await pool.close()
+
+    first, second, third = asyncio.run(work())
+    assert [g.policy_version for g in (first, second, third)] == [1, 2, 3]
+    assert {g.replica for g in (first, second, third)} == {vllm_url}
+    assert all(g.logprobs_mode == "raw" and g.version_spans is None for g in (first, second, third))
+    assert first.response_logprobs and second.response_logprobs and third.response_logprobs
+    assert second.response_logprobs[0] != pytest.approx(first.response_logprobs[0], abs=1e-3)
+    assert third.response_ids == first.response_ids
+    assert third.response_logprobs == pytest.approx(first.response_logprobs, abs=1e-5)
