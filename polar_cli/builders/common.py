@@ -113,8 +113,8 @@ def policy_versions(members: Sequence[Completion], starts: Sequence[int]) -> Pol
         complete = complete and bool(own)
         versions.update(span.version for span in own)
         for span in own:
-            at = start + span.start
-            while spans and spans[-1].start >= at:  # the span of an empty response: it covers no token
+            at = None if span.start is None else start + span.start  # None: where the update fell is unknown
+            while at is not None and spans and (spans[-1].start or 0) >= at:  # an empty response's: no token
                 spans.pop()
             if not spans or spans[-1].version != span.version:
                 spans.append(VersionSpan(start=at, version=span.version))

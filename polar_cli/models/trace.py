@@ -42,7 +42,8 @@ class PolicyVersions(BaseModel):
     spans: list[VersionSpan] | None = Field(
         default=None,
         description="only when the trace's tokens come from more than one version: from which response token "
-        "(index into response_ids) on which version sampled them (mask-0 tokens lie in the span before them)",
+        "(index into response_ids) on which version sampled them (mask-0 tokens lie in the span before them; start "
+        "None where the completion could not tell where the update fell)",
     )
 
 

@@ -52,6 +52,18 @@ def test_one_version_needs_no_spans_and_a_crossed_call_counts_both_versions() ->
                                            VersionSpan(start=len(trace.response_ids) - 1, version=2)]  # fmt: skip
 
 
+def test_an_update_whose_place_is_unknown_keeps_its_span_without_a_start() -> None:
+    comps = versioned([1, 1, 2])
+    frozen = [VersionSpan(start=0, version=1), VersionSpan(start=None, version=2)]  # a call frozen by a keep pause
+    comps[1] = comps[1].model_copy(update={"version_spans": frozen})
+    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    assert traj.traces[0].policy_versions == PolicyVersions(
+        oldest=1, newest=2, per_completion=[1, 1, 2],
+        spans=[VersionSpan(start=0, version=1), VersionSpan(start=None, version=2)],  # the third call's 2 goes on
+    )  # fmt: skip
+    assert verify(traj, comps).ok
+
+
 def test_per_request_gives_each_trace_its_completion_version() -> None:
     comps = versioned([1, 2, 2], crossed=1)
     traj = build_trajectory("per_request", comps)
