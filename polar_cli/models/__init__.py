@@ -21,6 +21,7 @@ from polar_cli.models.task import (
     Mount,
     PrepareAction,
     RuntimeSpec,
+    SamplingSpec,
     TaskRequest,
 )
 from polar_cli.models.trace import PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
@@ -39,6 +40,7 @@ __all__ = [
     "PrepareAction",
     "Provider",
     "RuntimeSpec",
+    "SamplingSpec",
     "ServiceStatus",
     "SessionResult",
     "SessionResultCallback",
