@@ -258,10 +258,10 @@ class GatewayNode:
             if job.stage is not Stage.RUNNING or job.cancel_requested or not only(job):
                 continue
             try:
-                completions = self.proxy.get_completions(job.session_id)
+                oldest = self.proxy.registry.get(job.session_id).oldest_version
             except SessionError:  # its proxy session is closed: the run is ending
                 continue
-            reason = rule(job, staleness.oldest_version(completions))
+            reason = rule(job, oldest)
             if reason is not None:
                 reasons[job.session_id] = reason
         return reasons
