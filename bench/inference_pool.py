@@ -33,8 +33,7 @@ from rich.table import Table
 
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models.chat import ChatRequest, Generation
-from polar_cli.proxy.pool import InferencePool
-from polar_cli.proxy.retry import RetryConfig
+from polar_cli.proxy import InferencePool, RetryConfig
 from polar_cli.registry import get_backend
 
 ANSWER = {

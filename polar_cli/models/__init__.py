@@ -24,7 +24,7 @@ from polar_cli.models.task import (
     SamplingSpec,
     TaskRequest,
 )
-from polar_cli.models.trace import TokenLogprob, Trace, Trajectory, TrajectoryStatus
+from polar_cli.models.trace import PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 
 __all__ = [
     "TERMINAL_TASK_STATES",
@@ -36,6 +36,7 @@ __all__ = [
     "Mount",
     "NodeLoad",
     "NodeStatus",
+    "PolicyVersions",
     "PrepareAction",
     "Provider",
     "RuntimeSpec",

@@ -285,6 +285,10 @@ class InferencePool(BackendClient):
 
     async def add(self, url: str) -> PoolStatus:
         """Add a replica (a replica being removed is taken back); it joins the rotation once it answers."""
+        if all(r.url is None for r in self._replicas):
+            raise ConfigError(
+                f"the {self.name or 'scripted'} backend has no server URL: a pool of it takes no replicas"
+            )
         key = normalize_url(url)
         if not key.startswith(("http://", "https://")):
             raise ConfigError(f"backend URL {url!r} must start with http:// or https://")

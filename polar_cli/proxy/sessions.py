@@ -92,6 +92,9 @@ class Session:
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
     sampling: SamplingSpec | None = None
     """Forced onto every model call of the session (its task's ``agent.sampling``)."""
+    oldest_version: int | None = None
+    """The oldest policy version its recorded completions were sampled under (None: none recorded one yet): what
+    staleness is judged by, kept as calls are recorded so that nobody re-reads the journal for it."""
 
     @property
     def task_key(self) -> str:
@@ -192,6 +195,9 @@ class SessionRegistry:
         increasing indices and are written in that order. A failed write leaves a gap in the indices, never a reused
         one."""
         session.count += 1
+        version = record.get("policy_version")
+        if isinstance(version, int) and (session.oldest_version is None or version < session.oldest_version):
+            session.oldest_version = version
         if session.journal is not None:
             await session.journal.append_async(record)
         else:
