@@ -279,7 +279,9 @@ def build_demo_model(out_dir: str | Path, seed: int = SEED) -> Path:
         num_hidden_layers=2,
         num_attention_heads=2,  # head_dim 64: the smallest that vLLM's CPU attention accepts
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        # more positions than any test's context (vLLM serves it with --max-model-len 20480): a position past the
+        # model's own makes vLLM compute NaNs, which then poison every later call of that server
+        max_position_embeddings=32768,
         tie_word_embeddings=True,
         bos_token_id=pad_id,
         eos_token_id=eos_id,

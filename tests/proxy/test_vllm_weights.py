@@ -23,7 +23,7 @@ from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.vllm import VllmClient
 from polar_cli.proxy.pool import InferencePool
 from polar_cli.registry import get_backend
-from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url, write_demo_model
+from tests.support.vllm import MODEL_NAME, make_idle, vllm_model_dir, vllm_url, write_demo_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 __all__ = ["vllm_model_dir", "vllm_url"]
@@ -37,6 +37,12 @@ REQUEST = ChatRequest(
     params={"temperature": 0, "max_tokens": 6, "seed": 0},
 )
 LOAD_S = 120.0
+
+
+@pytest.fixture(autouse=True)
+def idle_server(vllm_url: str) -> None:
+    """Nothing that earlier tests left running shares the server (see ``make_idle``)."""
+    make_idle(vllm_url)
 
 
 @pytest.fixture(scope="module")

@@ -81,10 +81,11 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        # pi (tests/gateway/test_vllm_run.py) asks for max_tokens=16384, which vLLM refuses above max_model_len; the
-        # demo model's 4096 positions are no limit for random weights, so allow a longer context
+        # pi (tests/gateway/test_vllm_run.py) asks for max_tokens=16384, which vLLM refuses above max_model_len: a
+        # 20480-token context, within the demo model's 32768 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN past a model's
+        # positions gives NaNs that poison the server for every later call)
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
+               "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
         argv = [str(require_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", "20480", "--dtype", "float32", "--seed", "0", "--enforce-eager",
@@ -137,6 +138,24 @@ class VllmServer:
             proc.wait()
         except ProcessLookupError:
             proc.wait()
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a metric's samples on the server's ``/metrics`` (e.g. ``vllm:num_requests_running``)."""
+    lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+
+
+def make_idle(url: str) -> None:
+    """Abort whatever earlier tests left running on the server (dev mode's ``POST /abort_requests``: a harness's call
+    with a huge ``max_tokens`` whose client went away keeps vLLM sampling for minutes) and wait until nothing runs, so
+    that a test timing calls or pausing the server has it, and its one core, to itself."""
+    deadline = time.monotonic() + 60
+    while metric(url, "vllm:num_requests_running") + metric(url, "vllm:num_requests_waiting") > 0:
+        httpx.post(f"{url}/abort_requests", json={}, timeout=30)
+        if time.monotonic() > deadline:
+            pytest.fail(f"the vLLM server at {url} still runs requests after aborting them for 60 s")
+        time.sleep(0.2)
 
 
 class _Servers:
