@@ -170,6 +170,10 @@ def run_with_gateways(tmp_path: Path, replicas: list[list[str]], body: Body) -> 
         server.stop()
 
 
+def server_http(info: dict[str, Any]) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=info["url"], headers={"Authorization": f"Bearer {info['token']}"}, timeout=30)
+
+
 def polar(info: dict[str, Any], timeout: float = 30.0) -> AsyncPolarClient:
     return AsyncPolarClient(info["url"], info["token"], timeout=timeout)
 
