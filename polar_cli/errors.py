@@ -163,3 +163,10 @@ def brief(value: Any, limit: int = 80) -> str:
     short.maxlist = short.maxtuple = short.maxdict = short.maxset = 4
     text = short.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class PauseTimeout(PolarError):
+    """A pause (or a replica's drain) did not see the inference pool quiet in time; the message says what it waited
+    for. The pool stays paused: resume it, or pause again with a longer timeout."""
+
+    http_status = 409

@@ -15,7 +15,13 @@ from polar_cli.proxy import ProxyConfig
 Backend = Annotated[
     str | None, typer.Option("--backend", help="Inference backend: vllm, sglang, openai, scripted (or a plugin).")
 ]
-BackendUrl = Annotated[str | None, typer.Option("--backend-url", help="Inference server URL (vllm/sglang/openai).")]
+BackendUrl = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--backend-url",
+        help="Inference server URL (vllm/sglang/openai); repeat it for a pool of replicas (data-parallel servers).",
+    ),
+]
 Model = Annotated[str | None, typer.Option("--model", help="Upstream model name (default: the server's first model).")]
 Tokenizer = Annotated[
     str | None, typer.Option("--tokenizer", help="HF tokenizer dir or id (scripted default: demo tokenizer).")
@@ -46,7 +52,7 @@ StreamMode = Annotated[
 def proxy_overrides(
     *,
     backend: str | None = None,
-    backend_url: str | None = None,
+    backend_url: list[str] | None = None,
     model: str | None = None,
     tokenizer: str | None = None,
     script: str | None = None,
@@ -57,7 +63,7 @@ def proxy_overrides(
     """The ProxyConfig fields the backend options set, as dotted keys for ``config.set_dotted`` (None: not given)."""
     return {
         "backend": backend,
-        "backend_url": backend_url,
+        "backend_url": (backend_url[0] if len(backend_url) == 1 else backend_url) if backend_url else None,
         "model": model,
         "tokenizer": tokenizer,
         "script": script,

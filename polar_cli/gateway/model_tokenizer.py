@@ -51,8 +51,8 @@ class ModelTokenizerFinder:
             return ModelTokenizer(config.tokenizer, "proxy"), True
         if config.backend == "scripted":
             return ModelTokenizer(str(demo_tokenizer_dir()), "demo"), True
-        backend = self.proxy.backend
-        if not isinstance(backend, HttpChatClient):
+        backend = next((c for c in self.proxy.pool.clients() if isinstance(c, HttpChatClient)), None)
+        if backend is None:
             return None, True
         try:
             listing = await backend.request("GET", "/v1/models")

@@ -72,7 +72,7 @@ class BackendClient(ABC):
     async def resume_generation(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
         """Undo ``pause_generation``."""
 
-    async def load_weights(self, path: str, timeout_s: float) -> None:
+    async def reload_weights(self, path: str, timeout_s: float) -> None:
         """Reload the server's weights in place from ``path`` (a path on the server's machine), with the server's own
         mechanism (vLLM: ``reload_weights`` through ``/collective_rpc``; SGLang: ``/update_weights_from_disk``);
         BackendError naming the server when it cannot."""

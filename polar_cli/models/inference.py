@@ -30,9 +30,11 @@ INITIAL_POLICY_VERSION = 1
 
 class VersionSpan(BaseModel):
     """From response token ``start`` on (0-based index into ``response_ids``), tokens were sampled under
-    ``version``. A call that crossed a weight update has two or more spans, in order."""
+    ``version``. A call that crossed a weight update has two or more spans, in order. ``start`` is None where nobody
+    could tell where the update fell: a non-streamed call frozen by a keep-mode pause (its tokens come from these
+    versions, the boundary is unknown); a streamed call's boundaries are exact (Polar counts the tokens it relayed)."""
 
-    start: NonNegativeInt
+    start: NonNegativeInt | None
     version: int
 
 

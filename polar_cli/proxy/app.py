@@ -29,6 +29,7 @@ from polar_cli.proxy.codecs.base import Codec, StreamEncoder
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.control import add_control_routes
 from polar_cli.proxy.models_list import models_body
+from polar_cli.proxy.pool import PooledStream
 from polar_cli.proxy.retry import call_deadline
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
@@ -207,6 +208,8 @@ class ProxyCall:
             return web.Response(status=499)  # nginx's "client closed request", for the access log only
 
         async def record(generation: Generation, delivery: Delivery) -> None:
+            if isinstance(upstream, PooledStream):
+                upstream.stamp(generation)  # its version(s) and replica, counted as the stream was relayed
             await self.record(generation, delivery, "passthrough")
 
         return await pump(

@@ -12,6 +12,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import StreamMode
 from polar_cli.models.task import SCRIPT_KEY
+from polar_cli.proxy.pool import PoolConfig
 from polar_cli.proxy.retry import RetryConfig
 from polar_cli.web.auth import new_token
 
@@ -24,7 +25,10 @@ class ProxyConfig(StrictModel):
     """Everything one proxy needs: the backend, where journals go, where it listens."""
 
     backend: str = "scripted"
-    backend_url: str | None = None
+    backend_url: str | list[str] | None = Field(
+        default=None, description="inference server URL; several (a list) make a pool of replicas (docs/service.md)"
+    )
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="how the pool of replicas is watched")
     model: str | None = Field(default=None, description="upstream model name (scripted: the name it reports)")
     tokenizer: str | None = Field(default=None, description="HF tokenizer dir or id")
     script: str | None = Field(default=None, description="scripted backend: default script file for every session")
@@ -59,8 +63,26 @@ class ProxyConfig(StrictModel):
         if self.backend == "scripted" and self.script is None and SCRIPT_KEY not in metadata:
             raise ConfigError(f"task {task_id!r}: {NO_SCRIPT.format(where=where)}")
 
-    def backend_config(self) -> dict[str, Any]:
-        """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept)."""
+    @field_validator("backend_url", mode="after")
+    @classmethod
+    def _urls(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list):
+            if not value:
+                return None
+            if len(set(value)) != len(value):
+                raise ValueError("the same backend URL is given twice")
+        return value
+
+    def backend_urls(self) -> list[str | None]:
+        """The pool's replicas: each URL given, or ``[None]`` for a backend without one (scripted)."""
+        if self.backend_url is None:
+            return [None]
+        return [self.backend_url] if isinstance(self.backend_url, str) else list(self.backend_url)
+
+    def backend_config(self, url: str | None = None, *, pooled: bool = False) -> dict[str, Any]:
+        """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept), for the
+        replica at ``url`` (default: the first). ``pooled``: the pool retries and fails over itself, so each replica's
+        client tries once."""
         options: dict[str, Any] = {}
         if self.backend == "scripted":
             if self.backend_url:
@@ -71,9 +93,9 @@ class ProxyConfig(StrictModel):
                 raise ConfigError("--script only applies to the scripted backend")
             if self.backend in _HTTP_BACKENDS and not self.backend_url:
                 raise ConfigError(f"the {self.backend} backend needs --backend-url")
-            options.update(url=self.backend_url, model=self.model, tokenizer=self.tokenizer)
+            options.update(url=url or self.backend_urls()[0], model=self.model, tokenizer=self.tokenizer)
             if self.backend in _HTTP_BACKENDS:
-                options["retry"] = self.retry
+                options["retry"] = self.retry.model_copy(update={"attempts": 1}) if pooled else self.retry
                 options["timeout_s"] = self.backend_timeout_s
         options.update(self.backend_options)
         return {k: v for k, v in options.items() if v is not None}

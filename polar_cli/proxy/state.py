@@ -1,4 +1,5 @@
-"""ProxyState: the backend client, the session registry and the URLs, shared by the HTTP app and the gateway."""
+"""ProxyState: the inference pool (the backend client), the session registry and the URLs, shared by the HTTP app
+and the gateway."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion
 from polar_cli.proxy.config import ProxyConfig
+from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
 
 
@@ -18,8 +20,19 @@ class ProxyState:
         from polar_cli.registry import get_backend
 
         self.config = config
-        # creating the client validates the backend options and loads tokenizers/scripts: fail fast, before serving
-        self.backend = backend or get_backend(config.backend).client(**config.backend_config())
+        if backend is None:
+            factory = get_backend(config.backend)
+
+            def make_client(url: str | None) -> BackendClient:
+                return factory.client(**config.backend_config(url, pooled=True))
+
+            # creating the clients validates the backend options and loads tokenizers/scripts: fail fast, before
+            # serving
+            self.pool = InferencePool(make_client, config.backend_urls(), retry=config.retry,
+                                      timeout_s=config.backend_timeout_s or 600.0, config=config.pool)  # fmt: skip
+        else:
+            self.pool = backend if isinstance(backend, InferencePool) else InferencePool.of(backend)
+        self.backend: BackendClient = self.pool
         self.registry = SessionRegistry(self.backend, config.journal_dir)
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None

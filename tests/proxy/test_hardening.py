@@ -436,7 +436,7 @@ def test_a_6_mb_message_does_not_block_other_sessions(proxy: RunningProxy, monke
     """The big render is held in its worker thread until the small call has been answered: if it ran on the event
     loop, the small call could never be served and would time out."""
     big, small = proxy.new_session(script=[{"content": "big"}]), proxy.new_session(script=[{"content": "small"}])
-    renderer = proxy.state.backend.renderer  # type: ignore[attr-defined]
+    renderer = proxy.state.pool.clients()[0].renderer  # type: ignore[attr-defined]
     original = renderer.prompt_ids
     big_started, small_done = threading.Event(), threading.Event()
 

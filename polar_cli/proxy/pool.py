@@ -1,0 +1,565 @@
+"""The inference pool: one gateway's replicas of the inference server, and what a trainer changes under them.
+
+``InferencePool`` is the proxy's ``BackendClient``: every model call goes through it.
+
+- **Routing.** A session stays on its replica while that replica is healthy (its prefix cache keeps the session's
+  history); a new session, or one whose replica left, goes to the healthy replica with the fewest calls in flight.
+- **Failover.** A call that cannot reach its replica (refused, reset, timed out, 502/503/504) takes that replica out
+  of rotation and is tried again on another one within the call's retry budget: the harness sees no error. A health
+  check (``GET /v1/models``) re-admits it when it answers again.
+- **Pause and resume.** While paused, new model calls wait at the proxy (they are never refused); ``wait`` returns
+  once no call is in flight, ``keep`` freezes the calls in flight on their replicas (the server's own keep-mode
+  pause). ``resume`` sets the policy version the next calls are sampled under.
+- **Versions.** Each Generation carries the version it was sampled under, the replica that answered and, when the
+  call was in flight across a version change, the version spans of its tokens (exact for streamed calls: the pool
+  counts the tokens it relays).
+- **Run-time changes.** ``add`` and ``remove`` (drain: the replica's calls in flight finish first), ``load_weights``
+  (pause, every replica reloads from a path with its server's mechanism, resume under the new version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from polar_cli.errors import BackendError, ConfigError, PauseTimeout
+from polar_cli.interfaces.backend import BackendClient
+from polar_cli.models import StrictModel
+from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
+from polar_cli.models.inference import (
+    INITIAL_POLICY_VERSION,
+    PauseMode,
+    PoolStatus,
+    ReplicaState,
+    ReplicaStatus,
+    VersionSpan,
+)
+from polar_cli.proxy.retry import RetryConfig, with_retries
+
+log = logging.getLogger("polar.proxy.pool")
+
+_UNHEALTHY_STATUSES = frozenset({502, 503, 504})
+"""A retryable failure with one of these statuses means the replica cannot serve (unreachable, cut off, timed out,
+overloaded to the point of refusing): it leaves the rotation. A 429 or a 500 is the replica answering: retried,
+it stays in."""
+
+
+class PoolConfig(StrictModel):
+    """How a gateway's inference pool watches its replicas."""
+
+    health_interval_s: float = Field(default=2.0, gt=0, description="how often each replica is asked GET /v1/models")
+    health_timeout_s: float = Field(default=5.0, gt=0, description="how long a health check waits for its answer")
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One call in flight on a replica: the versions its tokens were sampled under, as they changed."""
+
+    replica: _Replica
+    session_id: str
+    version: int
+    streamed: bool = False
+    tokens: int = 0
+    boundaries: list[tuple[int | None, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.boundaries.append((0, self.version))
+
+    def crossed(self, version: int) -> None:
+        if version != self.boundaries[-1][1]:
+            self.boundaries.append((self.tokens if self.streamed else None, version))
+
+    def stamp(self, generation: Generation) -> None:
+        generation.policy_version = self.version
+        generation.replica = self.replica.url
+        if len(self.boundaries) > 1:
+            generation.version_spans = [VersionSpan(start=start, version=v) for start, v in self.boundaries]
+        if generation.logprobs_mode is None:
+            generation.logprobs_mode = self.replica.client.logprobs_mode
+
+
+@dataclass(eq=False)
+class _Replica:
+    url: str | None
+    client: BackendClient
+    state: ReplicaState = "healthy"
+    calls: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    flights: set[_Flight] = field(default_factory=set)
+    sessions: set[str] = field(default_factory=set)
+    frozen: bool = False
+    """Its server holds our calls with a keep-mode pause (to undo on resume)."""
+
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(url=self.url or "(in process)", state=self.state, in_flight=len(self.flights),
+                             calls=self.calls, errors=self.errors, last_error=self.last_error,
+                             sessions=len(self.sessions))  # fmt: skip
+
+    def where(self) -> str:
+        return self.url or self.client.name or type(self.client).__name__
+
+
+def normalize_url(url: str) -> str:
+    """A replica's identity: the URL without a trailing slash or ``/v1``."""
+    base = url.strip().rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
+
+
+class PooledStream:
+    """A replica's upstream stream, counted as in flight until it ends; it counts the token ids it relays so that a
+    version change mid-stream is placed exactly."""
+
+    def __init__(self, pool: InferencePool, flight: _Flight, inner: UpstreamStream) -> None:
+        self._pool = pool
+        self.flight = flight
+        self._inner = inner
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for chunk in self._inner.chunks():
+                choices = chunk.get("choices")
+                if choices and isinstance(choices, list) and isinstance(choices[0], dict):
+                    ids = choices[0].get("token_ids")
+                    if isinstance(ids, list):
+                        self.flight.tokens += len(ids)
+                yield chunk
+        finally:
+            self._pool._land(self.flight)
+
+    def abort(self) -> None:
+        self._inner.abort()
+        self._pool._land(self.flight)
+
+    def stamp(self, generation: Generation) -> None:
+        """Put the call's version, version spans and replica on the generation the stream was assembled into."""
+        self.flight.stamp(generation)
+
+
+class InferencePool(BackendClient):
+    """The replicas of one gateway (``urls``: each made into a client by ``make_client``; ``[None]`` for a backend
+    without a URL, such as the scripted one). See the module docstring."""
+
+    def __init__(
+        self,
+        make_client: Callable[[str | None], BackendClient],
+        urls: Sequence[str | None],
+        *,
+        retry: RetryConfig | None = None,
+        timeout_s: float = 600.0,
+        config: PoolConfig | None = None,
+        policy_version: int = INITIAL_POLICY_VERSION,
+    ) -> None:
+        if not urls:
+            raise ConfigError("an inference pool needs at least one backend URL")
+        self._make_client = make_client
+        self.retry = retry or RetryConfig(attempts=1)
+        self.timeout_s = timeout_s
+        self.config = config or PoolConfig()
+        self._replicas: list[_Replica] = []
+        for url in urls:
+            self._replicas.append(self._new_replica(url))
+        first = self._replicas[0].client
+        self.name = first.name  # type: ignore[misc]
+        self.session_options = first.session_options  # type: ignore[misc]
+        self.streams_token_ids = first.streams_token_ids  # type: ignore[misc]
+        self.logprobs_mode = first.logprobs_mode
+        self._version = policy_version
+        self._paused: PauseMode | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._waiting = 0
+        self._changed = asyncio.Condition()
+        self._affinity: dict[str, _Replica] = {}
+        self._health: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def of(cls, client: BackendClient) -> InferencePool:
+        """A pool of one ready-made client (no URL to add others by): pause, resume and versions still work."""
+
+        def no_more(url: str | None) -> BackendClient:
+            raise ConfigError(f"this pool's {client.name or 'backend'} backend was given ready-made; add no replicas")
+
+        pool = cls(lambda url: client, [None])
+        pool._make_client = no_more
+        return pool
+
+    def _new_replica(self, url: str | None) -> _Replica:
+        key = normalize_url(url) if url is not None else None
+        if key is not None and any(r.url == key for r in self._replicas):
+            raise ConfigError(f"backend {key} is in the pool twice")
+        return _Replica(url=key, client=self._make_client(key))
+
+    # ---- what the trainer sees ------------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def paused(self) -> PauseMode | None:
+        return self._paused
+
+    def clients(self) -> list[BackendClient]:
+        """The replicas' own clients, healthy ones first (for callers that need one server's particulars)."""
+        return [r.client for r in sorted(self._replicas, key=lambda r: r.state != "healthy")]
+
+    def in_flight(self) -> int:
+        return sum(len(r.flights) for r in self._replicas)
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(policy_version=self._version, paused=self._paused, waiting=self._waiting,
+                          in_flight=self.in_flight(), replicas=[r.status() for r in self._replicas])  # fmt: skip
+
+    async def pause(self, mode: PauseMode = "wait", timeout_s: float = 300.0) -> PoolStatus:
+        """Hold new calls at the proxy; ``wait``: return once no call is in flight (PauseTimeout naming the calls
+        still in flight after ``timeout_s``; the pool stays paused); ``keep``: freeze the calls in flight on servers
+        that can (the others' calls run on)."""
+        self._open.clear()
+        self._paused = mode
+        if mode == "keep":
+            await self._freeze(timeout_s)
+            return self.status()
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.in_flight() == 0)
+        except TimeoutError:
+            raise PauseTimeout(
+                f"the pause timed out after {timeout_s:g} s waiting for {self._describe_flights()} to finish; "
+                f"the pool stays paused (resume it, or pause again with a longer timeout)"
+            ) from None
+        return self.status()
+
+    async def resume(self, policy_version: int | None = None) -> PoolStatus:
+        """Calls held at the proxy go on, sampled under ``policy_version`` (None: the current version + 1)."""
+        await self._set_version(self._version + 1 if policy_version is None else policy_version)
+        await self._thaw()
+        self._paused = None
+        self._open.set()
+        return self.status()
+
+    async def sync(self, policy_version: int, paused: PauseMode | None) -> PoolStatus:
+        """Take on the rollout server's state (when a gateway registers): its version, and whether it is paused."""
+        await self._set_version(policy_version)
+        if paused is None:
+            await self._thaw()
+            self._paused = None
+            self._open.set()
+        else:
+            self._open.clear()
+            self._paused = paused
+        return self.status()
+
+    async def load_weights(
+        self,
+        path: str,
+        *,
+        policy_version: int | None = None,
+        timeout_s: float = 300.0,
+        urls: Sequence[str] | None = None,
+    ) -> PoolStatus:
+        """Pause (``wait``), make every replica (or just ``urls``) reload its weights from ``path`` with its
+        server's own mechanism, then resume under ``policy_version``. A reload that fails leaves the pool paused and
+        raises BackendError naming each replica that failed."""
+        if self._paused != "wait":
+            await self.pause("wait", timeout_s)
+        targets = self._replicas if urls is None else [self._find(url) for url in urls]
+        failures = await asyncio.gather(*(self._reload(r, path, timeout_s) for r in targets))
+        failed = [f for f in failures if f is not None]
+        if failed:
+            raise BackendError(
+                f"loading weights from {path} failed on {len(failed)} of {len(targets)} replica(s): "
+                + "; ".join(failed) + ". The pool stays paused: load again, or resume under the old weights",
+                status=502,
+            )  # fmt: skip
+        return await self.resume(policy_version)
+
+    async def add(self, url: str) -> PoolStatus:
+        """Add a replica (a replica being removed is taken back); it joins the rotation once it answers."""
+        key = normalize_url(url)
+        if not key.startswith(("http://", "https://")):
+            raise ConfigError(f"backend URL {url!r} must start with http:// or https://")
+        existing = next((r for r in self._replicas if r.url == key), None)
+        if existing is not None:
+            if existing.state == "draining":
+                existing.state = "healthy"
+            return self.status()
+        replica = self._new_replica(key)
+        self._replicas.append(replica)
+        await self._check(replica)
+        self._ensure_health_loop()
+        return self.status()
+
+    async def remove(self, url: str, timeout_s: float = 300.0) -> PoolStatus:
+        """Take a replica out: no new call goes to it, its calls in flight finish (PauseTimeout after ``timeout_s``:
+        it stays draining), then it is dropped."""
+        replica = self._find(url)
+        if not any(r.state != "draining" for r in self._replicas if r is not replica):
+            raise ConfigError(f"backend {replica.url} is the pool's last replica: add another before removing it")
+        replica.state = "draining"
+        self._unpin(replica)
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: not replica.flights)
+        except TimeoutError:
+            raise PauseTimeout(
+                f"backend {replica.url} still has {len(replica.flights)} call(s) in flight after {timeout_s:g} s; "
+                f"it stays draining (remove it again to wait longer)"
+            ) from None
+        if replica in self._replicas and replica.state == "draining":
+            self._replicas.remove(replica)
+            await replica.client.close()
+        return self.status()
+
+    # ---- BackendClient --------------------------------------------------------------------------------------------
+
+    async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        async def once(replica: _Replica, flight: _Flight) -> Generation:
+            try:
+                generation = await replica.client.generate(request, session_id=session_id)
+            finally:
+                self._land(flight)
+            flight.stamp(generation)
+            return generation
+
+        return await self._call(session_id, False, once)
+
+    async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
+        async def once(replica: _Replica, flight: _Flight) -> UpstreamStream:
+            try:
+                inner = await replica.client.open_stream(request, session_id=session_id)
+            except BaseException:
+                self._land(flight)
+                raise
+            return PooledStream(self, flight, inner)
+
+        return await self._call(session_id, True, once)
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return await self._pick("", set()).client.count_tokens(request)
+
+    async def models(self) -> list[str]:
+        return await self._pick("", set()).client.models()
+
+    async def preflight(self, timeout_s: float) -> None:
+        """Every replica is asked at once; an error only when none answers (the others are marked unhealthy and
+        re-admitted by the health check when they answer)."""
+        results = await asyncio.gather(*(self._probe(r, timeout_s) for r in self._replicas))
+        self._ensure_health_loop()
+        if all(err is not None for err in results):
+            raise BackendError("; ".join(str(err) for err in results if err is not None))
+        for err in results:
+            if err is not None:
+                log.warning("replica out of rotation until it answers: %s", err)
+
+    async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:
+        for replica in list(self._replicas):
+            await replica.client.open_session(session_id, options)
+
+    async def close_session(self, session_id: str) -> None:
+        pinned = self._affinity.pop(session_id, None)
+        if pinned is not None:
+            pinned.sessions.discard(session_id)
+        for replica in list(self._replicas):
+            await replica.client.close_session(session_id)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+            self._health = None
+        for replica in self._replicas:
+            await replica.client.close()
+
+    # ---- routing and failover -------------------------------------------------------------------------------------
+
+    async def _call(self, session_id: str, streamed: bool, once: Callable[[_Replica, _Flight], Any]) -> Any:
+        """One call: wait while paused, pick a replica, run ``once`` on it. A failure that says the replica cannot
+        serve takes it out of rotation and the call goes straight to another healthy replica; other transient
+        failures are retried with backoff (``with_retries``: the retry budget and the session's deadline)."""
+        self._ensure_health_loop()
+        failed: set[_Replica] = set()
+
+        async def attempt(budget_s: float) -> Any:
+            while True:
+                await self._gate()  # every try passes the pause gate: a retry never slips into a pause
+                replica = self._pick(session_id, failed)
+                flight = self._take_off(replica, session_id, streamed)
+                try:
+                    result = await once(replica, flight)
+                except BackendError as exc:
+                    replica.errors += 1
+                    replica.last_error = str(exc)[:500]
+                    if replica.url is not None and replica.url not in str(exc):
+                        exc.args = (f"{exc} (replica {replica.url})",)
+                    if exc.retryable and exc.status in _UNHEALTHY_STATUSES and replica.url is not None:
+                        self._mark_unhealthy(replica, exc)
+                        failed.add(replica)
+                        if any(r.state == "healthy" and r not in failed for r in self._replicas):
+                            continue  # straight to another replica: each can fail this call once
+                    raise
+                replica.calls += 1
+                return result
+
+        return await with_retries(attempt, self.retry, timeout_s=self.timeout_s, what="the inference pool")
+
+    def _pick(self, session_id: str, failed: set[_Replica]) -> _Replica:
+        """The session's replica while it is healthy; else the healthy replica with the fewest calls in flight (then
+        the fewest sessions); with none healthy, the one that failed least recently, to try anyway."""
+        pinned = self._affinity.get(session_id) if session_id else None
+        if pinned is not None and pinned.state == "healthy" and pinned not in failed and pinned in self._replicas:
+            return pinned
+        healthy = [r for r in self._replicas if r.state == "healthy" and r not in failed]
+        if healthy:
+            best = min(healthy, key=lambda r: (len(r.flights), len(r.sessions)))
+        else:
+            candidates = [r for r in self._replicas if r.state != "draining" and r not in failed] or [
+                r for r in self._replicas if r.state != "draining"]  # fmt: skip
+            if not candidates:
+                raise BackendError("the inference pool has no replica to send the call to", status=503)
+            best = min(candidates, key=lambda r: len(r.flights))
+        if session_id:
+            if pinned is not None:
+                pinned.sessions.discard(session_id)
+            self._affinity[session_id] = best
+            best.sessions.add(session_id)
+        return best
+
+    async def _gate(self) -> None:
+        if self._open.is_set():
+            return
+        self._waiting += 1
+        try:
+            await self._open.wait()
+        finally:
+            self._waiting -= 1
+
+    def _take_off(self, replica: _Replica, session_id: str, streamed: bool) -> _Flight:
+        flight = _Flight(replica=replica, session_id=session_id, version=self._version, streamed=streamed)
+        replica.flights.add(flight)
+        return flight
+
+    def _land(self, flight: _Flight) -> None:
+        """The call ended (answered, failed or aborted): no longer in flight. Safe to call twice."""
+        replica = flight.replica
+        if flight in replica.flights:
+            replica.flights.discard(flight)
+            self._notify()
+
+    def _notify(self) -> None:
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        with contextlib.suppress(RuntimeError):  # no running loop (interpreter shutdown): nobody waits
+            asyncio.get_running_loop().create_task(wake())
+
+    def _mark_unhealthy(self, replica: _Replica, exc: BaseException) -> None:
+        if replica.state == "healthy":
+            log.warning("backend %s out of rotation: %s", replica.url, exc)
+            replica.state = "unhealthy"
+        self._unpin(replica)
+
+    def _unpin(self, replica: _Replica) -> None:
+        for session_id in replica.sessions:
+            if self._affinity.get(session_id) is replica:
+                del self._affinity[session_id]
+        replica.sessions.clear()
+
+    def _find(self, url: str) -> _Replica:
+        key = normalize_url(url)
+        for replica in self._replicas:
+            if replica.url == key:
+                return replica
+        known = ", ".join(r.url for r in self._replicas if r.url) or "none"
+        raise ConfigError(f"backend {key} is not in the pool (its replicas: {known})")
+
+    def _describe_flights(self) -> str:
+        parts = []
+        for replica in self._replicas:
+            if replica.flights:
+                sessions = sorted({f.session_id for f in replica.flights})
+                shown = ", ".join(sessions[:5]) + (f" and {len(sessions) - 5} more" if len(sessions) > 5 else "")
+                parts.append(f"{len(replica.flights)} call(s) on {replica.where()} (sessions {shown})")
+        return "; ".join(parts) or "no calls"
+
+    # ---- versions and the servers' own pause ----------------------------------------------------------------------
+
+    async def _set_version(self, version: int) -> None:
+        if version != self._version:
+            for replica in self._replicas:
+                for flight in replica.flights:
+                    flight.crossed(version)
+            self._version = version
+
+    async def _freeze(self, timeout_s: float) -> None:
+        async def freeze(replica: _Replica) -> None:
+            if replica.frozen or replica.state == "unhealthy":
+                return
+            try:
+                replica.frozen = await replica.client.pause_generation(timeout_s)
+            except BackendError as exc:
+                log.warning("backend %s could not freeze its calls (they run on): %s", replica.where(), exc)
+
+        await asyncio.gather(*(freeze(r) for r in self._replicas))
+
+    async def _thaw(self) -> None:
+        async def thaw(replica: _Replica) -> None:
+            if not replica.frozen:
+                return
+            try:
+                await replica.client.resume_generation(self.config.health_timeout_s)
+                replica.frozen = False
+            except BackendError as exc:
+                self._mark_unhealthy(replica, exc)
+
+        await asyncio.gather(*(thaw(r) for r in self._replicas))
+
+    async def _reload(self, replica: _Replica, path: str, timeout_s: float) -> str | None:
+        try:
+            await replica.client.reload_weights(path, timeout_s)
+        except BackendError as exc:
+            return f"{replica.where()}: {exc}"
+        return None
+
+    # ---- health ---------------------------------------------------------------------------------------------------
+
+    async def _probe(self, replica: _Replica, timeout_s: float) -> BackendError | None:
+        try:
+            await replica.client.preflight(timeout_s)
+        except BackendError as exc:
+            self._mark_unhealthy(replica, exc)
+            replica.last_error = str(exc)[:500]
+            return exc
+        return None
+
+    async def _check(self, replica: _Replica) -> None:
+        """Ask one replica; it is healthy exactly when it answers (a draining one stays draining)."""
+        if replica.url is None or replica.state == "draining":
+            return
+        err = await self._probe(replica, self.config.health_timeout_s)
+        if err is None and replica.state == "unhealthy":
+            log.info("backend %s answers again: back in rotation", replica.url)
+            replica.state = "healthy"
+
+    def _ensure_health_loop(self) -> None:
+        if self._health is None and not self._closed and any(r.url is not None for r in self._replicas):
+            self._health = asyncio.get_running_loop().create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            # only replicas out of rotation are probed: a healthy one is checked by its own traffic (a call that
+            # cannot reach it takes it out at once), so a big pool costs its servers nothing while all is well
+            await asyncio.gather(*(self._check(r) for r in list(self._replicas) if r.state == "unhealthy"))
