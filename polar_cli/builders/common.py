@@ -10,8 +10,9 @@ from typing import Any
 from polar_cli.builders.config import BuilderConfig
 from polar_cli.errors import BuildError
 from polar_cli.interfaces.builder import BuildContext
-from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory, TrajectoryStatus
+from polar_cli.models import Completion, PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 from polar_cli.models.completion import ABORTED
+from polar_cli.models.inference import VersionSpan
 
 PLACEHOLDER_LOGPROB = 0.0
 
@@ -90,6 +91,43 @@ def placeholder_entries(token_ids: Sequence[int]) -> list[TokenLogprob]:
     return [{"token": None, "token_id": i, "logprob": PLACEHOLDER_LOGPROB} for i in token_ids]
 
 
+def completion_versions(completion: Completion) -> list[VersionSpan]:
+    """The version spans of one completion's sampled tokens (its own ``version_spans``, else one span of its
+    ``policy_version``; none when it recorded no version)."""
+    if completion.version_spans:
+        return list(completion.version_spans)
+    if completion.policy_version is None:
+        return []
+    return [VersionSpan(start=0, version=completion.policy_version)]
+
+
+def policy_versions(members: Sequence[Completion], starts: Sequence[int]) -> PolicyVersions | None:
+    """The versions of a trace made of ``members``, whose sampled tokens begin at ``starts`` in its
+    ``response_ids``; None when no member recorded a version. Spans (in the trace's positions) are given when the
+    trace mixes versions and every member recorded one."""
+    spans: list[VersionSpan] = []
+    versions: set[int] = set()
+    complete = True
+    for completion, start in zip(members, starts, strict=True):
+        own = completion_versions(completion)
+        complete = complete and bool(own)
+        versions.update(span.version for span in own)
+        for span in own:
+            at = None if span.start is None else start + span.start  # None: where the update fell is unknown
+            while at is not None and spans and (spans[-1].start or 0) >= at:  # an empty response's: no token
+                spans.pop()
+            if not spans or spans[-1].version != span.version:
+                spans.append(VersionSpan(start=at, version=span.version))
+    if not versions:
+        return None
+    return PolicyVersions(
+        oldest=min(versions),
+        newest=max(versions),
+        per_completion=[c.policy_version for c in members],
+        spans=spans if complete and len({s.version for s in spans}) > 1 else None,
+    )
+
+
 def make_trace(
     *,
     prompt_ids: list[int],
@@ -101,6 +139,7 @@ def make_trace(
     tools: list[dict[str, Any]] | None,
     finish_reason: str | None,
     metadata: dict[str, Any],
+    versions: PolicyVersions | None = None,
 ) -> Trace:
     """A Trace from trusted, builder-made parts.
 
@@ -121,6 +160,7 @@ def make_trace(
         finish_reason=finish_reason,
         reward=None,
         metadata=metadata,
+        policy_versions=versions,
     )
 
 

@@ -8,6 +8,7 @@ from polar_cli.builders.common import (
     finish,
     make_trace,
     ordered_completions,
+    policy_versions,
     sampled_entries,
 )
 from polar_cli.builders.config import BuilderConfig
@@ -42,6 +43,7 @@ class PerRequestBuilder(TraceBuilder):
                         "completion_index": c.index,
                         "token_source": c.token_source,
                     },
+                    versions=policy_versions([c], [0]),
                 )
             )
         stats = {

@@ -27,6 +27,7 @@ from polar_cli.builders.common import (
     make_trace,
     ordered_completions,
     placeholder_entries,
+    policy_versions,
     sampled_entries,
 )
 from polar_cli.builders.config import BuilderConfig
@@ -79,8 +80,10 @@ def merge_chain(
     loss_mask: list[int] = []
     with_logprobs = all(c.response_logprobs is not None for c in members)
     entries: list[TokenLogprob] | None = [] if with_logprobs else None
+    starts: list[int] = []
     for k, c in enumerate(members):
         sampled = c.response_ids
+        starts.append(len(response_ids))
         response_ids += sampled
         loss_mask += [1] * len(sampled)
         if entries is not None:
@@ -113,4 +116,5 @@ def merge_chain(
             "completion_indices": [c.index for c in members],
             "token_source": "retokenized" if any(c.token_source == "retokenized" for c in members) else "backend",
         },
+        versions=policy_versions(members, starts),
     )

@@ -11,7 +11,8 @@ It knows nothing about how a builder works. Given a trajectory and the completio
 * the context is the one the tokens were sampled in: a trace's ``prompt_ids`` start every prompt of the completions
   placed in it, and consecutive completions in a trace are in capture order with strictly extending prompts, the
   later one's history not demonstrably holding a sibling branch's response instead of the earlier one's
-  (``evidence.continues``).
+  (``evidence.continues``);
+* a trace's ``policy_versions`` cover the version of every completion placed in it (none where they recorded none).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from polar_cli.builders.common import gc_paused
+from polar_cli.builders.common import completion_versions, gc_paused
 from polar_cli.builders.evidence import continues
 from polar_cli.errors import VerificationError
 from polar_cli.models import Completion, Trace, Trajectory
@@ -209,6 +210,7 @@ class _Checker:
                 completion_id=c.completion_id,
                 position=offset,
             )
+        self._versions(ti, trace, c, offset)
         entries = trace.response_logprobs
         n = len(c.response_ids)
         if entries is None:
@@ -249,6 +251,29 @@ class _Checker:
                         position=offset + j,
                     )
                     break
+
+    def _versions(self, ti: int, trace: Trace, c: Completion, offset: int) -> None:
+        """The trace's ``policy_versions`` must hold the versions ``c`` was sampled under."""
+        sampled = sorted({span.version for span in completion_versions(c)})
+        recorded = trace.policy_versions
+        if not sampled:
+            return
+        if recorded is None:
+            problem = "the trace records no policy_versions"
+        elif not recorded.oldest <= sampled[0] <= sampled[-1] <= recorded.newest:
+            problem = f"outside the trace's policy_versions {recorded.oldest}..{recorded.newest}"
+        elif c.policy_version not in recorded.per_completion:
+            problem = "not in the trace's policy_versions.per_completion"
+        else:
+            return
+        self.fail(
+            "policy_version",
+            f"trace {ti}: completion {c.completion_id!r} at {offset} was sampled under version(s) "
+            f"{', '.join(map(str, sampled))}: {problem}",
+            trace=ti,
+            completion_id=c.completion_id,
+            position=offset,
+        )
 
     def missing(self) -> None:
         for pos, c in enumerate(self.completions):

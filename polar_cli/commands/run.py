@@ -24,7 +24,14 @@ from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.registry import get_harness
 from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 
-STATUS_STYLE = {"completed": "green", "timeout": "yellow", "error": "red", "failed": "red", "cancelled": "magenta"}
+STATUS_STYLE = {
+    "completed": "green",
+    "timeout": "yellow",
+    "error": "red",
+    "failed": "red",
+    "cancelled": "magenta",
+    "stale": "magenta",
+}
 
 
 def build_task(path: Path | None, overrides: dict[str, Any]) -> TaskRequest:

@@ -36,10 +36,14 @@ IDS = [("session_id", pa.string()), ("task_id", pa.string()), ("instance_id", pa
        ("sample_index", pa.int32()), ("group", pa.string()), ("harness", pa.string()), ("model", pa.string()),
        ("policy_version", pa.string()), ("status", pa.string()), ("accepted", pa.bool_()),
        ("reward", pa.float64())]  # fmt: skip
+VERSION_SPAN = pa.struct([("start", pa.int32()), ("version", pa.int64())])
+POLICY_VERSIONS = pa.struct([("oldest", pa.int64()), ("newest", pa.int64()), ("per_completion", pa.list_(pa.int64())),
+                             ("spans", pa.list_(VERSION_SPAN))])  # fmt: skip
+"""A trace's ``policy_versions`` (``polar_cli.models.PolicyVersions``); null for traces that recorded none."""
 TRACES = pa.schema([
     *IDS, ("chain_index", pa.int32()), ("finish_reason", pa.string()),
     ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-    ("response_logprobs", pa.list_(pa.float64())), ("metadata", pa.string()),
+    ("response_logprobs", pa.list_(pa.float64())), ("policy_versions", POLICY_VERSIONS), ("metadata", pa.string()),
 ])  # fmt: skip
 MESSAGES = pa.schema([*IDS, ("messages", pa.list_(MESSAGE)), ("tools", pa.string()), ("num_turns", pa.int32()),
                       ("metadata", pa.string())])  # fmt: skip

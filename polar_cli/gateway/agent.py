@@ -5,6 +5,9 @@ one (``POST /callbacks/session_result``, with the node's token) until the server
 to ``<data_dir>/acked.log``. On start, stored results missing from that log are reported again (the server may have
 been down, or this node killed) and listed as ``held_results`` when the node registers. The node id is kept in
 ``<data_dir>/node.json``, so a restarted gateway is the same node to the server.
+
+Each time the node registers (at start, and again when the server has forgotten it), it takes on the inference pool's
+state the server answers: its ``policy_version`` and whether sampling is paused (``GatewayNode.sync_inference``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from polar_cli.errors import ConfigError, SessionError
+from polar_cli.errors import ConfigError, PolarError, SessionError
 from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.ids import is_session_id
@@ -161,6 +164,11 @@ class GatewayAgent:
         self.node_id = answer.node_id
         self.heartbeat_interval = answer.heartbeat_interval_s
         self._save_node_id(answer.node_id)
+        if answer.policy_version is not None:  # None: a server older than the inference pool
+            try:
+                await node.sync_inference(answer.policy_version, answer.paused)
+            except PolarError as exc:
+                log.error("could not take on the server's inference state: %s", exc)
         self.registered.set()
         self._wake.set()
 

@@ -12,19 +12,26 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 | ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
 | ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
 | ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
+| ``GET /inference`` | the inference pool: ``PoolStatus`` (version, pause state, replicas) |
+| ``POST /inference/pause`` | ``PauseBody`` → ``PoolStatus`` once quiet (``wait``); 409 naming what it waited for |
+| ``POST /inference/resume`` | ``ResumeBody`` → ``PoolStatus``; sessions over their ``max_staleness`` end ``stale`` |
+| ``POST /inference/load_weights`` | ``LoadWeightsBody`` → ``PoolStatus`` (pause, reload, resume; stale as above) |
+| ``POST /inference/backends`` | ``BackendBody`` → ``PoolStatus``: a replica added |
+| ``DELETE /inference/backends`` | ``BackendBody`` (JSON body) → ``PoolStatus``: a replica drained, then removed |
+| ``POST /inference/cancel_stale`` | ``CancelStaleBody`` → ``CancelStaleAnswer``: the sessions that ended ``stale`` |
 | ``GET /healthz`` | ``{ok}``, open |
 | ``/proxy/...`` | the proxy (its own ``/proxy/sessions`` control routes and every session's ``/proxy/s/{id}``) |
 
 While the node drains (a graceful stop), ``POST /sessions`` and ``POST /sessions/batch`` answer 503 and the sessions
 under way run to the end. In a batch, each session's ``status`` is what ``POST /sessions`` would have answered for it
-alone; a refused session does not stop the others. The control routes of issue 20 (pause, resume, the policy version,
-the backend pool) go here too.
+alone; a refused session does not stop the others. The ``/inference`` routes are the rollout server's (a trainer
+talks to the server, which tells every gateway); a body whose fields are all optional may be empty.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -32,7 +39,18 @@ from pydantic import BaseModel
 from polar_cli.errors import ConfigError
 from polar_cli.ids import check_session_id
 from polar_cli.models import validate_model
-from polar_cli.node_protocol import SessionBatch, SessionBatchAnswer, SessionCreated, SingleSession
+from polar_cli.node_protocol import (
+    BackendBody,
+    CancelStaleAnswer,
+    CancelStaleBody,
+    LoadWeightsBody,
+    PauseBody,
+    ResumeBody,
+    SessionBatch,
+    SessionBatchAnswer,
+    SessionCreated,
+    SingleSession,
+)
 from polar_cli.proxy import create_proxy_app, proxy_error_shape
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
@@ -46,8 +64,19 @@ PROXY_PREFIX = "/proxy"
 DRAINING = "the gateway is draining: it takes no new sessions"
 
 
+B = TypeVar("B", bound=BaseModel)
+
+
 def _json(model: BaseModel, status: int = 200) -> web.Response:
     return json_response(model.model_dump(mode="json"), status)
+
+
+async def _body(request: web.Request, model: type[B]) -> B:
+    """The request's body as ``model`` (400 naming the field); an empty body is ``{}`` for models without a required
+    field."""
+    source = f"{request.method} {request.path}"
+    empty: dict[str, object] | None = {} if not any(f.is_required() for f in model.model_fields.values()) else None
+    return validate_model(model, await read_json(request, source=source, default=empty), source=source)
 
 
 def create_app(node: GatewayNode) -> web.Application:
@@ -98,6 +127,34 @@ def create_app(node: GatewayNode) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return json_response(node.pipeline.metrics())
 
+    async def inference(request: web.Request) -> web.Response:
+        return _json(node.inference())
+
+    async def pause(request: web.Request) -> web.Response:
+        body = await _body(request, PauseBody)
+        return _json(await node.pause(body.mode, body.timeout_s))
+
+    async def resume(request: web.Request) -> web.Response:
+        body = await _body(request, ResumeBody)
+        return _json(await node.resume(body.policy_version))
+
+    async def load_weights(request: web.Request) -> web.Response:
+        body = await _body(request, LoadWeightsBody)
+        status = await node.load_weights(body.path, policy_version=body.policy_version, timeout_s=body.timeout_s,
+                                         urls=body.urls)  # fmt: skip
+        return _json(status)
+
+    async def add_backend(request: web.Request) -> web.Response:
+        return _json(await node.add_backend((await _body(request, BackendBody)).url))
+
+    async def remove_backend(request: web.Request) -> web.Response:
+        body = await _body(request, BackendBody)
+        return _json(await node.remove_backend(body.url, body.timeout_s))
+
+    async def cancel_stale(request: web.Request) -> web.Response:
+        body = await _body(request, CancelStaleBody)
+        return _json(CancelStaleAnswer(cancelled=await node.cancel_stale(body.older_than)))
+
     async def health(request: web.Request) -> web.Response:
         return json_response({"ok": True})  # open, so it tells nothing about sessions
 
@@ -109,6 +166,13 @@ def create_app(node: GatewayNode) -> web.Application:
             web.get("/sessions/{session_id}/result", guard(result)),
             web.delete("/sessions/{session_id}", guard(cancel)),
             web.get("/metrics", guard(metrics)),
+            web.get("/inference", guard(inference)),
+            web.post("/inference/pause", guard(pause)),
+            web.post("/inference/resume", guard(resume)),
+            web.post("/inference/load_weights", guard(load_weights)),
+            web.post("/inference/backends", guard(add_backend)),
+            web.delete("/inference/backends", guard(remove_backend)),
+            web.post("/inference/cancel_stale", guard(cancel_stale)),
             web.get("/healthz", health),  # open
         ]
     )

@@ -127,6 +127,8 @@ class SessionJob:
     evaluation: EvaluationResult | None = None
     result: SessionResult | None = None
     cancel_reason: str | None = None
+    cancel_status: TrajectoryStatus = "cancelled"
+    """The status a cancelled session ends with: ``cancelled``, or ``stale`` (see ``StagedPipeline.cancel``)."""
     task_handle: asyncio.Task[Any] | None = field(default=None, repr=False)
     """The stage work running for this session right now (what cancellation interrupts)."""
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)

@@ -3,25 +3,33 @@
 ``async with GatewayNode(config) as node:`` checks the backend (``config.backend_check``), serves the node's routes
 (``polar_cli.gateway.app``) and runs the pipeline until it is closed. ``node.submit(...)`` and
 ``node.submit_batch(...)`` are what the routes call; ``node.run_task(task)`` runs a whole task in-process.
+
+The inference pool (``node.proxy.pool``) is driven through the node too: ``inference()``, ``pause``, ``resume``,
+``load_weights``, ``add_backend``, ``remove_backend``, ``sync_inference`` (the server's state, at register) and
+``cancel_stale``. Whenever the policy version changes, the running sessions of tasks with ``max_staleness`` that fell
+too far behind are cancelled with status ``stale`` (``polar_cli.gateway.staleness``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from polar_cli.errors import BackendError, ConfigError, SessionError
+from polar_cli.gateway import staleness
 from polar_cli.gateway.app import PROXY_PREFIX, create_app
 from polar_cli.gateway.config import GatewayConfig
-from polar_cli.gateway.jobs import SessionBudget, SessionJob
+from polar_cli.gateway.jobs import SessionBudget, SessionJob, Stage
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver
 from polar_cli.ids import session_id_for
 from polar_cli.models import SessionResult, TaskRequest, validate_model
+from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.task import without_script
-from polar_cli.node_protocol import ATTEMPT_KEY, BatchSessionAnswer, SessionBatch, SessionInfo
+from polar_cli.node_protocol import ATTEMPT_KEY, PAUSE_TIMEOUT_S, BatchSessionAnswer, SessionBatch, SessionInfo
 from polar_cli.proxy import ProxyState, session_options
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
@@ -53,6 +61,7 @@ class GatewayNode:
         self.draining = False
         """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
         self._listener: Listener | None = None
+        self._stale: set[asyncio.Task[SessionResult | None]] = set()  # cancellations of stale sessions under way
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -72,6 +81,7 @@ class GatewayNode:
     async def close(self) -> None:
         """Cancel what is in flight (each session still gets its result), then stop serving."""
         await self.pipeline.close()
+        await asyncio.gather(*self._stale, return_exceptions=True)  # the pipeline concluded their sessions
         if self._listener is not None:
             await self._listener.close()  # closes the proxy (its cleanup hook) too
             self._listener = None
@@ -176,3 +186,100 @@ class GatewayNode:
             else:
                 answers.append(BatchSessionAnswer(session_id=spec.session_id, accepted=True, status=201))
         return answers
+
+    # ---- the inference pool (issue 20) --------------------------------------------------------------------------
+
+    def inference(self) -> PoolStatus:
+        """``GET /inference``: the pool's version, pause state and replicas."""
+        return self.proxy.pool.status()
+
+    async def pause(self, mode: PauseMode = "wait", timeout_s: float = PAUSE_TIMEOUT_S) -> PoolStatus:
+        """Hold new model calls at the proxy (PauseTimeout, 409, naming what it waited for; the pool stays paused)."""
+        return await self.proxy.pool.pause(mode, timeout_s)
+
+    async def resume(self, policy_version: int | None = None) -> PoolStatus:
+        """Calls held go on under ``policy_version`` (None: the current one + 1); stale sessions are cancelled."""
+        return await self._versioned(lambda: self.proxy.pool.resume(policy_version))
+
+    async def load_weights(
+        self,
+        path: str,
+        *,
+        policy_version: int | None = None,
+        timeout_s: float = PAUSE_TIMEOUT_S,
+        urls: Sequence[str] | None = None,
+    ) -> PoolStatus:
+        """Pause, reload every replica (or ``urls``) from ``path``, resume under ``policy_version``; stale sessions are
+        cancelled."""
+        return await self._versioned(
+            lambda: self.proxy.pool.load_weights(path, policy_version=policy_version, timeout_s=timeout_s, urls=urls)
+        )
+
+    async def sync_inference(self, policy_version: int, paused: PauseMode | None) -> PoolStatus:
+        """Take on the rollout server's version and pause state (at register); stale sessions are cancelled."""
+        return await self._versioned(lambda: self.proxy.pool.sync(policy_version, paused))
+
+    async def add_backend(self, url: str) -> PoolStatus:
+        return await self.proxy.pool.add(url)
+
+    async def remove_backend(self, url: str, timeout_s: float = PAUSE_TIMEOUT_S) -> PoolStatus:
+        """Drain the replica (its calls in flight finish), then drop it."""
+        return await self.proxy.pool.remove(url, timeout_s)
+
+    async def cancel_stale(self, older_than: int | None = None) -> list[str]:
+        """Cancel (status ``stale``) every running session whose oldest completion's version is below ``older_than``
+        (default: the current version); the ids of those that ended ``stale``, once their results are stored."""
+        threshold = self.proxy.pool.policy_version if older_than is None else older_than
+        reasons = {}
+        for job in self._sampling():
+            reason = staleness.older_than(self._oldest_version(job), threshold)
+            if reason is not None:
+                reasons[job.session_id] = reason
+        results = await asyncio.gather(*self._cancel_stale(reasons))
+        return [r.session_id for r in results if r is not None and r.status == "stale"]
+
+    async def _versioned(self, change: Callable[[], Awaitable[PoolStatus]]) -> PoolStatus:
+        """``change`` the pool; when it moved the version on, cancel the sessions now over their ``max_staleness``
+        (in the background: the answer does not wait for their teardown)."""
+        before = self.proxy.pool.policy_version
+        status = await change()
+        if status.policy_version != before:
+            current = status.policy_version
+            reasons = {}
+            for job in self._sampling():
+                limit = job.task.max_staleness if job.task is not None else None
+                if limit is None:
+                    continue
+                reason = staleness.over_max_staleness(self._oldest_version(job), current, limit)
+                if reason is not None:
+                    reasons[job.session_id] = reason
+            self._cancel_stale(reasons)
+        return status
+
+    def _sampling(self) -> list[SessionJob]:
+        """The sessions whose harness runs (the only ones still sampling)."""
+        return [job for job in self.pipeline.active() if job.stage is Stage.RUNNING and not job.cancel_requested]
+
+    def _oldest_version(self, job: SessionJob) -> int | None:
+        try:
+            completions = self.proxy.get_completions(job.session_id)
+        except SessionError:  # its proxy session is closed: the run is ending
+            return None
+        return staleness.oldest_version(completions)
+
+    def _cancel_stale(self, reasons: dict[str, str]) -> list[asyncio.Task[SessionResult | None]]:
+        """Cancel each session with status ``stale`` and its reason, each in a task of its own."""
+        tasks = []
+        for session_id, reason in reasons.items():
+            log.info("session %s: %s", session_id, reason)
+            task = asyncio.create_task(self._cancel_one(session_id, reason))
+            self._stale.add(task)
+            task.add_done_callback(self._stale.discard)
+            tasks.append(task)
+        return tasks
+
+    async def _cancel_one(self, session_id: str, reason: str) -> SessionResult | None:
+        try:
+            return await self.pipeline.cancel(session_id, reason, status="stale")
+        except SessionError:  # forgotten meanwhile (a new attempt of it came in)
+            return None

@@ -9,8 +9,9 @@
 Slow runtime starts and long evaluations happen in their own pools, so a run slot only ever runs a harness. Every
 session ends with exactly one SessionResult, written to the ResultStore before waiters and callbacks hear of it:
 ``completed``, ``timeout`` (the agent deadline passed; what it captured is still built and evaluated), ``error`` (a
-stage failed; teardown still runs) or ``cancelled`` (:meth:`StagedPipeline.cancel`, in any stage: the runtime is torn
-down at once, without waiting for a worker).
+stage failed; teardown still runs), ``cancelled`` (:meth:`StagedPipeline.cancel`, in any stage: the runtime is torn
+down at once, without waiting for a worker) or ``stale`` (cancelled the same way because it sampled under weights too
+old: ``cancel(..., status="stale")``).
 """
 
 from __future__ import annotations
@@ -187,21 +188,24 @@ class StagedPipeline:
         await self.submit(job)
         return await self.wait(job.session_id)
 
-    async def cancel(self, session_id: str, reason: str = "cancelled by request") -> SessionResult:
-        """Cancel the session wherever it is; its runtime is torn down at once. Returns its (``cancelled``) result.
+    async def cancel(
+        self, session_id: str, reason: str = "cancelled by request", *, status: TrajectoryStatus = "cancelled"
+    ) -> SessionResult:
+        """Cancel the session wherever it is; its runtime is torn down at once. Returns its result, with ``status``
+        (``cancelled``, or ``stale`` when it was cancelled for sampling under weights too old).
 
         A session already past evaluation finishes normally and its own result is returned.
         """
         job = self.get(session_id)
         if job.result is None and not job.cancel_requested and job.stage not in (Stage.FINISHING, Stage.FINISHED):
-            job.cancel_reason = reason
+            job.cancel_reason, job.cancel_status = reason, status
             work = job.task_handle
             if work is not None and not work.done():
                 work.cancel()  # the worker holding the session concludes it
             else:
                 for queue in (self._pending, self._ready, self._postrun):
                     if await queue.remove(job):  # waiting in a queue: nobody holds it, conclude it here
-                        self._spawn(self._conclude(job, "cancelled", reason, immediate=True, salvage=True))
+                        self._spawn(self._conclude(job, status, reason, immediate=True, salvage=True))
                         break
                 # else a worker holds it between two steps: its next step raises _JobCancelled
         await job.done.wait()
@@ -281,7 +285,7 @@ class StagedPipeline:
             job.stage = Stage.READY
             await self._step(job, self._ready.put(job))  # waits while READY is full: INIT backs off
         except _JobCancelled:
-            self._spawn(self._conclude(job, "cancelled", job.cancel_reason, immediate=True))
+            self._spawn(self._conclude(job, job.cancel_status, job.cancel_reason, immediate=True))
         except _OverBudget:
             await self._conclude(job, "error", f"init exceeded its budget of {job.budget.init_seconds:g} s",
                                  immediate=True)  # fmt: skip
@@ -300,7 +304,7 @@ class StagedPipeline:
                 outcome = RunOutcome("error", error=f"the driver reported run status {outcome.status!r}")
         except _JobCancelled:
             self._run_ended(job)
-            self._spawn(self._conclude(job, "cancelled", job.cancel_reason, immediate=True, salvage=True))
+            self._spawn(self._conclude(job, job.cancel_status, job.cancel_reason, immediate=True, salvage=True))
             return
         except _OverBudget:
             outcome = RunOutcome("timeout", error=f"the agent did not finish within its budget of {budget:g} s")
@@ -312,7 +316,7 @@ class StagedPipeline:
         try:
             await self._step(job, self._postrun.put(job))
         except _JobCancelled:
-            self._spawn(self._conclude(job, "cancelled", job.cancel_reason, immediate=True, salvage=True))
+            self._spawn(self._conclude(job, job.cancel_status, job.cancel_reason, immediate=True, salvage=True))
 
     def _run_ended(self, job: SessionJob) -> None:
         end = job.mark("run_finished")
@@ -341,7 +345,7 @@ class StagedPipeline:
                 status, error = "error", _join(error, f"evaluation failed: {describe(exc)}")
             job.mark("evaluate_finished")
         except _JobCancelled:
-            self._spawn(self._conclude(job, "cancelled", job.cancel_reason, immediate=True, salvage=True))
+            self._spawn(self._conclude(job, job.cancel_status, job.cancel_reason, immediate=True, salvage=True))
             return
         except Exception as exc:
             status, error = "error", _join(error, f"build failed: {describe(exc)}")

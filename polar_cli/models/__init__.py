@@ -25,7 +25,7 @@ from polar_cli.models.task import (
     RuntimeSpec,
     TaskRequest,
 )
-from polar_cli.models.trace import TokenLogprob, Trace, Trajectory, TrajectoryStatus
+from polar_cli.models.trace import PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 
 __all__ = [
     "TERMINAL_TASK_STATES",
@@ -39,6 +39,7 @@ __all__ = [
     "Mount",
     "NodeLoad",
     "NodeStatus",
+    "PolicyVersions",
     "PrepareAction",
     "Provider",
     "RuntimeSpec",

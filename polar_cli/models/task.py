@@ -97,3 +97,9 @@ class TaskRequest(StrictModel):
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     callback_url: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="a session whose oldest completion's policy_version is more than this many versions behind the "
+        "current one is cancelled (status stale, its traces kept); None: never",
+    )

@@ -7,6 +7,8 @@ from typing import Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from typing_extensions import TypedDict  # pydantic needs typing_extensions' TypedDict on Python < 3.12
 
+from polar_cli.models.inference import VersionSpan
+
 
 @with_config(ConfigDict(extra="forbid"))
 class TokenLogprob(TypedDict):
@@ -22,6 +24,27 @@ class TokenLogprob(TypedDict):
     token: NotRequired[str | None]
     token_id: int
     logprob: float
+
+
+class PolicyVersions(BaseModel):
+    """The policy versions of the completions a trace was built from (each recorded its own, see Completion): what a
+    trainer bounds or corrects staleness with. A completion that crossed a weight update counts with every version of
+    its ``version_spans`` in ``oldest``/``newest``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    oldest: int
+    newest: int
+    per_completion: list[int | None] = Field(
+        description="each completion's version, in the trace's order (the first span's when it crossed an update; "
+        "None where a completion recorded none)"
+    )
+    spans: list[VersionSpan] | None = Field(
+        default=None,
+        description="only when the trace's tokens come from more than one version: from which response token "
+        "(index into response_ids) on which version sampled them (mask-0 tokens lie in the span before them; start "
+        "None where the completion could not tell where the update fell)",
+    )
 
 
 class Trace(BaseModel):
@@ -42,6 +65,8 @@ class Trace(BaseModel):
     finish_reason: str | None = None
     reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    policy_versions: PolicyVersions | None = None
+    """The versions its completions were sampled under; None when none recorded one (e.g. traces of older Polar)."""
 
     @model_validator(mode="after")
     def _invariants(self) -> Trace:
@@ -69,7 +94,10 @@ class Trace(BaseModel):
         return sum(self.loss_mask)
 
 
-TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled"]
+TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled", "stale"]
+"""How a session ended. ``stale``: cancelled because its oldest completion fell more than the task's
+``max_staleness`` versions behind the current policy version (or by ``cancel_stale``); final, never re-dispatched,
+and its partial traces are kept, as a cancelled session's are."""
 
 
 class Trajectory(BaseModel):
