@@ -22,7 +22,7 @@ from typing import Generic, TypeVar, get_args
 from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError, PolarError, PoolControlError
-from polar_cli.models.inference import PauseMode, PoolStatus
+from polar_cli.models.inference import PauseMode, PoolStatus, is_remote, replica_key
 from polar_cli.models.service import GatewayPool, InferenceStatus
 from polar_cli.node_protocol import (
     BackendBody,
@@ -51,23 +51,20 @@ class Answered(Generic[A]):
     reply: Reply[A]
 
 
-def _same(url: str) -> str:
-    return url.rstrip("/")
-
-
 def _urls(pool: PoolStatus) -> set[str]:
-    return {_same(replica.url) for replica in pool.replicas}
+    return {replica_key(replica.url) for replica in pool.replicas}
 
 
 def reload_plan(pools: Sequence[tuple[NodeRow, PoolStatus]]) -> dict[str, list[str]]:
-    """node_id → the replica URLs that node reloads: every distinct replica exactly once, by the first node (in
-    ``pools`` order) that lists it. A replica several gateways share is reloaded once."""
+    """node_id → the replica URLs that node reloads: every distinct inference server exactly once, by the first node
+    (in ``pools`` order) that lists it, so a server several gateways share is reloaded once. A replica inside a
+    gateway's process (the scripted backend) is nobody's to reload."""
     taken: set[str] = set()
     plan: dict[str, list[str]] = {}
     for node, pool in pools:
-        mine = [replica.url for replica in pool.replicas if _same(replica.url) not in taken]
-        taken.update(_same(url) for url in mine)
-        plan[node.node_id] = mine
+        keys = [replica_key(replica.url) for replica in pool.replicas if is_remote(replica.url)]
+        plan[node.node_id] = mine = [key for key in dict.fromkeys(keys) if key not in taken]
+        taken.update(mine)
     return plan
 
 
@@ -145,32 +142,42 @@ class InferenceControl:
             return await self._resume(self._next(body.policy_version))
 
     async def load_weights(self, body: LoadWeightsBody) -> InferenceStatus:
-        """Pause every gateway (``wait``); each replica reloads from ``body.path`` once, through one gateway that
-        lists it; then every gateway resumes under the new version (default: the current one + 1)."""
+        """Every gateway pauses (``wait``); each inference server reloads from ``body.path`` once, through one gateway
+        that lists it; then every gateway resumes under the new version (default: the current one + 1). Nothing is
+        paused when the version would go back or no gateway lists a server; a failed reload leaves sampling paused."""
         if body.urls is not None:
             raise ConfigError("urls: the server chooses which gateway reloads each replica; leave it out")
         async with self._changing:
             version = self._next(body.policy_version)
+            pools = await self._pools("load_weights")
+            plan = reload_plan([(a.node, self._pool(a)) for a in pools])
+            loading = [a.node for a in pools if plan[a.node.node_id]]
+            if not loading:
+                raise PoolControlError(
+                    f"no gateway lists an inference server to reload from {body.path} (a scripted backend loads no "
+                    "weights); nothing was paused"
+                )
             await self._keep(self.policy_version, "wait")
             pause = PauseBody(mode="wait", timeout_s=body.timeout_s)
-            paused = await self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, pause))
-            plan = reload_plan([(a.node, a.reply.answer) for a in paused if a.reply.answer is not None])
-            loading = [a.node for a in paused if plan[a.node.node_id]]
-            if not loading:
-                raise PoolControlError(f"no gateway lists a replica to reload from {body.path} (sampling stays paused)")
+            await self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, pause))
 
             def load(node: NodeRow) -> Awaitable[Reply[PoolStatus]]:
                 mine = body.model_copy(update={"policy_version": version, "urls": plan[node.node_id]})
                 return self.gateways.load_weights(node, mine)
 
-            await self._all(f"load_weights from {body.path}", loading, load)
+            try:
+                await self._all(f"load_weights from {body.path}", loading, load)
+            except PolarError:
+                # a gateway whose own reloads succeeded has resumed: pause it again, as the failure says
+                await self._each(self.nodes(), lambda node: self.gateways.pause(node, pause))
+                raise
             return await self._resume(version)
 
     async def add_backend(self, body: BackendBody) -> InferenceStatus:
         """Every gateway whose pool lacks replica ``body.url`` adds it."""
         async with self._changing:
             pools = await self._pools("add_backend")
-            wanted = [a.node for a in pools if _same(body.url) not in _urls(self._pool(a))]
+            wanted = [a.node for a in pools if replica_key(body.url) not in _urls(self._pool(a))]
             added = await self._all("add_backend", wanted, lambda node: self.gateways.add_backend(node, body))
             return self._status(self._merge(pools, added))
 
@@ -178,7 +185,7 @@ class InferenceControl:
         """Every gateway whose pool has replica ``body.url`` drains it and drops it."""
         async with self._changing:
             pools = await self._pools("remove_backend")
-            having = [a.node for a in pools if _same(body.url) in _urls(self._pool(a))]
+            having = [a.node for a in pools if replica_key(body.url) in _urls(self._pool(a))]
             if not having:
                 raise ConfigError(f"no gateway has replica {body.url} (GET /inference lists them)")
             removed = await self._all("remove_backend", having, lambda node: self.gateways.remove_backend(node, body))

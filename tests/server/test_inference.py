@@ -279,11 +279,19 @@ def test_load_weights_reloads_each_replica_once_between_one_pause_and_one_resume
             ) as h:
                 urls = await h.post("/inference/load_weights", json={"path": "/x", "urls": ["http://r1"]})
                 assert urls.status_code == 400 and "the server chooses" in urls.json()["error"]["message"]
+            gateways[1].refuse["load_weights"] = (502, "loading weights from /ckpt/bad failed on 1 of 1 replica(s)")
+            with pytest.raises(PoolControlError, match=r"load_weights from /ckpt/bad failed on 1 of 2 gateways: .*502"):
+                await client.load_weights("/ckpt/bad")
+            assert [len(g.bodies["pause"]) for g in gateways] == [3, 3, 3]  # paused, then again after the failure
+            assert (await client.inference()).paused == "wait" and gateways[0].pool.paused == "wait"
+
             for gateway in gateways:
-                gateway.pool.replicas = []
-            with pytest.raises(PoolControlError, match="no gateway lists a replica to reload from /ckpt/none"):
-                await client.load_weights("/ckpt/none")
-            assert (await client.inference()).paused == "wait"  # said so: sampling stays paused
+                gateway.pool.replicas = [ReplicaStatus(url="(in process)", state="healthy")]  # scripted pools
+            await client.resume()
+            with pytest.raises(PoolControlError, match="no gateway lists an inference server to reload from /ckpt/x"):
+                await client.load_weights("/ckpt/x")
+            assert (await client.inference()).paused is None  # nothing was paused
+            assert [len(g.bodies["pause"]) for g in gateways] == [3, 3, 3]
 
     run_with_gateways(tmp_path, shared, body)
 
