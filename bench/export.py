@@ -83,8 +83,9 @@ class SyntheticSource:
     def __init__(self, n: int, blobs: list[bytes], tokens: int, turns: int, *, as_json: bool = False) -> None:
         self.n, self.blobs, self.tokens, self.turns, self.as_json = n, blobs, tokens, turns, as_json
         self.columnar = [] if as_json else [split_result(SessionResult.model_validate_json(b)) for b in blobs]
-        self._task = TaskRequest(task_id="t", instruction="x", agent=AgentSpec(harness="pi"),
-                                 metadata={"repo": "bench"})
+        self._task = TaskRequest(
+            task_id="t", instruction="x", agent=AgentSpec(harness="pi"), metadata={"repo": "bench"}
+        )
 
     def _row(self, i: int) -> ResultRow:
         return ResultRow(f"task-{i}", 0, f"session-{i}", f"repo-{i % 100}", 1, "completed", 1.0, True,

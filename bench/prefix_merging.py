@@ -44,13 +44,27 @@ def session(turns: int, final_prompt: int, seed: int = 0) -> list[Completion]:
         sampled = [*tokens(SAMPLED - 1), IM_END]
         comps.append(
             Completion.model_construct(  # trusted synthetic data: skip validation in setup, not in what is timed
-                completion_id=f"c{index}", session_id="bench", index=index, provider="openai_chat", model="m",
-                request={}, request_messages=[], request_tools=None, request_params={},
+                completion_id=f"c{index}",
+                session_id="bench",
+                index=index,
+                provider="openai_chat",
+                model="m",
+                request={},
+                request_messages=[],
+                request_tools=None,
+                request_params={},
                 response_message={"role": "assistant", "content": ""},
                 prompt_ids=array.array("q", prompt).tolist(),  # fresh int objects, as from a JSON parser
-                response_ids=sampled, response_logprobs=[-0.5] * SAMPLED, response_tokens=None,
-                finish_reason="stop", token_source="backend", backend=None, started_at=0.0, finished_at=0.0,
-                backend_seconds=None, metadata={},
+                response_ids=sampled,
+                response_logprobs=[-0.5] * SAMPLED,
+                response_tokens=None,
+                finish_reason="stop",
+                token_source="backend",
+                backend=None,
+                started_at=0.0,
+                finished_at=0.0,
+                backend_seconds=None,
+                metadata={},
             )
         )
         rendered = [*sampled[:-2], 299, IM_END]  # one token re-rendered differently

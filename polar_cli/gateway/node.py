@@ -230,11 +230,7 @@ class GatewayNode:
         """Cancel (status ``stale``) every running session whose oldest completion's version is below ``older_than``
         (default: the current version); the ids of those that ended ``stale``, once their results are stored."""
         threshold = self.proxy.pool.policy_version if older_than is None else older_than
-        reasons = {}
-        for job in self._sampling():
-            reason = staleness.older_than(self._oldest_version(job), threshold)
-            if reason is not None:
-                reasons[job.session_id] = reason
+        reasons = self._judge(lambda job, oldest: staleness.older_than(oldest, threshold))
         results = await asyncio.gather(*self._cancel_stale(reasons))
         return [r.session_id for r in results if r is not None and r.status == "stale"]
 
@@ -245,27 +241,30 @@ class GatewayNode:
         status = await change()
         if status.policy_version != before:
             current = status.policy_version
-            reasons = {}
-            for job in self._sampling():
-                limit = job.task.max_staleness if job.task is not None else None
-                if limit is None:
-                    continue
-                reason = staleness.over_max_staleness(self._oldest_version(job), current, limit)
-                if reason is not None:
-                    reasons[job.session_id] = reason
-            self._cancel_stale(reasons)
+
+            def over(job: SessionJob, oldest: int | None) -> str | None:
+                return staleness.over_max_staleness(oldest, current, _max_staleness(job))
+
+            self._cancel_stale(self._judge(over, only=lambda job: _max_staleness(job) is not None))
         return status
 
-    def _sampling(self) -> list[SessionJob]:
-        """The sessions whose harness runs (the only ones still sampling)."""
-        return [job for job in self.pipeline.active() if job.stage is Stage.RUNNING and not job.cancel_requested]
-
-    def _oldest_version(self, job: SessionJob) -> int | None:
-        try:
-            completions = self.proxy.get_completions(job.session_id)
-        except SessionError:  # its proxy session is closed: the run is ending
-            return None
-        return staleness.oldest_version(completions)
+    def _judge(
+        self, rule: Callable[[SessionJob, int | None], str | None], only: Callable[[SessionJob], bool] = lambda j: True
+    ) -> dict[str, str]:
+        """Why ``rule`` finds each running session (those ``only`` keeps) stale, given the version of its oldest
+        completion; the sessions it does not find stale are left out."""
+        reasons = {}
+        for job in self.pipeline.active():
+            if job.stage is not Stage.RUNNING or job.cancel_requested or not only(job):
+                continue
+            try:
+                oldest = self.proxy.registry.get(job.session_id).oldest_version
+            except SessionError:  # its proxy session is closed: the run is ending
+                continue
+            reason = rule(job, oldest)
+            if reason is not None:
+                reasons[job.session_id] = reason
+        return reasons
 
     def _cancel_stale(self, reasons: dict[str, str]) -> list[asyncio.Task[SessionResult | None]]:
         """Cancel each session with status ``stale`` and its reason, each in a task of its own."""
@@ -283,3 +282,7 @@ class GatewayNode:
             return await self.pipeline.cancel(session_id, reason, status="stale")
         except SessionError:  # forgotten meanwhile (a new attempt of it came in)
             return None
+
+
+def _max_staleness(job: SessionJob) -> int | None:
+    return job.task.max_staleness if job.task is not None else None

@@ -3,7 +3,8 @@
 Per session (``job.task`` is its TaskRequest):
 
 - INIT: a proxy session (id = the session id; the task's ``metadata.script``, if any, is the scripted backend's
-  per-session script), then the runtime from ``task.runtime`` with its prepare actions.
+  per-session script; ``agent.sampling`` is forced onto its every model call), then the runtime from ``task.runtime``
+  with its prepare actions.
 - RUNNING: with ``evaluator.refresh_runtime`` a second runtime from the same spec starts in the background (prewarmed
   for evaluation); the harness runs until it exits or the agent deadline passes (its process group is killed). When
   it ends, the proxy session is closed (nothing more can be recorded) and what it captured is kept.
@@ -72,7 +73,7 @@ class GatewaySessionDriver:
         context = self._context(job.session_id, harness)
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
         # fresh: an earlier attempt of this session id (e.g. on a killed gateway) recorded calls that are not this one's
-        info = await self.proxy.create_session(job.session_id, metadata, fresh=True)
+        info = await self.proxy.create_session(job.session_id, metadata, fresh=True, sampling=task.agent.sampling)
         job.resources.proxy_key = info["api_key"]
         job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
 

@@ -1,7 +1,8 @@
 """Which running sessions sample under weights too old (issue 20): the rule, apart from the node that applies it.
 
-A session's age is the policy version of its oldest completion (the version its first-sampled token came from); a
-session with no completion yet is never stale. Two rules cancel a running session with status ``stale``:
+A session's age is the policy version of its oldest completion (the version its first-sampled token came from; the
+proxy keeps it per session as calls are recorded); a session with no completion yet is never stale. Two rules
+cancel a running session with status ``stale``:
 
 - its task's ``max_staleness``: after the gateway's version changes (resume, load_weights, a register that takes on
   the server's version), a session more than ``max_staleness`` versions behind;
@@ -10,16 +11,6 @@ session with no completion yet is never stale. Two rules cancel a running sessio
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-
-from polar_cli.models import Completion
-
-
-def oldest_version(completions: Iterable[Completion]) -> int | None:
-    """The oldest version the completions were sampled under (a call that crossed an update counts with its first
-    span's, which is its ``policy_version``); None when none recorded one."""
-    return min((c.policy_version for c in completions if c.policy_version is not None), default=None)
 
 
 def over_max_staleness(oldest: int | None, current: int, max_staleness: int | None) -> str | None:

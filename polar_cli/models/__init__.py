@@ -23,6 +23,7 @@ from polar_cli.models.task import (
     Mount,
     PrepareAction,
     RuntimeSpec,
+    SamplingSpec,
     TaskRequest,
 )
 from polar_cli.models.trace import PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
@@ -43,6 +44,7 @@ __all__ = [
     "PrepareAction",
     "Provider",
     "RuntimeSpec",
+    "SamplingSpec",
     "ServiceStatus",
     "SessionResult",
     "SessionResultCallback",

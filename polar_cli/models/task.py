@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from polar_cli.models.base import StrictModel
 
@@ -52,14 +52,38 @@ class RuntimeSpec(StrictModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class SamplingSpec(StrictModel):
+    """``agent.sampling``: what the proxy forces on every model call of the task's sessions, whatever the harness
+    asked. ``temperature``, ``top_p``, ``top_k`` and ``seed`` replace the harness's values; ``max_tokens`` is a cap (the
+    smaller of it and the harness's value, or the cap when the harness sent none). Unset fields leave the harness's."""
+
+    temperature: float | None = Field(default=None, strict=True, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, strict=True, gt=0, le=1)
+    top_k: int | None = Field(default=None, strict=True, description="-1: no top-k; else at least 1")
+    max_tokens: int | None = Field(default=None, strict=True, ge=1, description="a cap on each call's sampled tokens")
+    seed: int | None = Field(default=None, strict=True, ge=-(2**63), lt=2**63)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("top_k must be -1 (no top-k) or at least 1")
+        return value
+
+    def forced(self) -> dict[str, Any]:
+        """The fields the task set (what a completion records as ``metadata.sampling``)."""
+        return self.model_dump(exclude_none=True)
+
+
 class AgentSpec(StrictModel):
-    """Which harness runs, against which served model."""
+    """Which harness runs, against which served model, sampled how."""
 
     harness: str
     model_name: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: float | None = None
+    sampling: SamplingSpec | None = None
 
 
 class BuilderSpec(StrictModel):

@@ -9,6 +9,8 @@ This module is the proxy's public surface: code outside ``polar_cli/proxy`` impo
 - Sessions and records: :func:`session_options` and :func:`inline_script` (what a session or task may pass its
   backend), :func:`read_journal` (a session's journaled Completions), :func:`detect` (which provider route a request
   is).
+- The inference pool: :class:`InferencePool` (the proxy's backend: replicas, routing, pause and resume, policy
+  versions, weight loads) with :class:`PoolConfig`, and :class:`RetryConfig` (how hard an upstream call is tried).
 - Backends: the built-in clients (:class:`VllmClient`, :class:`SglangClient`, :class:`OpenAICompatClient` with
   :class:`HttpBackendConfig`; :class:`ScriptedClient` with :class:`ScriptedConfig`), :class:`HttpChatClient` (their
   base) and :func:`demo_tokenizer_dir`; the wire types :class:`ChatRequest` and :class:`Generation` live in
@@ -25,7 +27,9 @@ from polar_cli.proxy.backends.vllm import VllmClient
 from polar_cli.proxy.codecs import detect
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy.pool import InferencePool, PoolConfig
 from polar_cli.proxy.render import demo_tokenizer_dir
+from polar_cli.proxy.retry import RetryConfig
 from polar_cli.proxy.server import serve_proxy
 from polar_cli.proxy.sessions import inline_script, session_options
 from polar_cli.proxy.state import ProxyState
@@ -35,9 +39,12 @@ __all__ = [
     "Generation",
     "HttpBackendConfig",
     "HttpChatClient",
+    "InferencePool",
     "OpenAICompatClient",
+    "PoolConfig",
     "ProxyConfig",
     "ProxyState",
+    "RetryConfig",
     "ScriptedClient",
     "ScriptedConfig",
     "SglangClient",

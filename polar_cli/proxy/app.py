@@ -31,6 +31,7 @@ from polar_cli.proxy.control import add_control_routes
 from polar_cli.proxy.models_list import models_body
 from polar_cli.proxy.pool import PooledStream
 from polar_cli.proxy.retry import call_deadline
+from polar_cli.proxy.sampling import apply_sampling
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
@@ -121,6 +122,8 @@ class ProxyHandler:
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))
             chat = codec.decode(body, found.route)
+            if session.sampling is not None:
+                apply_sampling(chat.params, session.sampling)  # the task's, over the harness's, for every provider
             call = ProxyCall(self.state, request, session, codec, found, body, raw, started, chat)
             return await self._generate(call)
         except ProtocolError as exc:
@@ -243,10 +246,13 @@ class ProxyCall:
             raise
 
     async def record(self, generation: Generation, delivery: Delivery, stream_mode: StreamMode) -> None:
-        """Journal this call's Completion: on disk before the harness sees the answer (or the stream's end)."""
+        """Journal this call's Completion: on disk before the harness sees the answer (or the stream's end). Its
+        ``request_params`` are what went upstream; ``metadata.sampling`` what the session's task forced. Logprobs of a
+        reshaped distribution recorded raw are warned about once per task."""
+        registry, session = self.state.registry, self.session
         record = completion_record(
-            session_id=self.session.session_id,
-            index=self.session.count,
+            session_id=session.session_id,
+            index=session.count,
             provider=self.codec.provider,
             body=self.body,
             request=self.chat,
@@ -258,7 +264,11 @@ class ProxyCall:
             delivery=delivery,
             stream_mode=stream_mode,
         )
-        await self.state.registry.record(self.session, record)
+        if session.sampling is not None:
+            record["metadata"]["sampling"] = session.sampling.forced()
+        await registry.record(session, record)
+        if generation.response_logprobs is not None:
+            registry.raw_logprobs.check(session.task_key, self.chat.params, generation.logprobs_mode)
 
 
 async def _root(request: web.Request) -> web.Response:

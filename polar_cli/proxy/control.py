@@ -13,7 +13,7 @@ from pydantic import Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.ids import SessionId, check_session_id
-from polar_cli.models import StrictModel, validate_model
+from polar_cli.models import SamplingSpec, StrictModel, validate_model
 from polar_cli.proxy.backends.scripted import InlineScript
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 
 class ProxySessionCreate(StrictModel):
     """Body of ``POST /sessions``. ``script`` and ``backend_options`` are checked against the backend's per-session
-    allow-list: a script is an inline list of turns, never a path."""
+    allow-list: a script is an inline list of turns, never a path. ``sampling`` is forced onto every model call."""
 
     session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     script: InlineScript | None = Field(default=None, description="scripted backend: this session's own turns")
     backend_options: dict[str, Any] = Field(default_factory=dict)
+    sampling: SamplingSpec | None = None
 
 
 def _origin(request: web.Request, state: ProxyState) -> str:
@@ -52,7 +53,7 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
             if "script" in options:
                 raise ConfigError("POST /sessions: give the script once: script or backend_options.script")
             options["script"] = spec.script
-        session = await state.registry.create_session(spec.session_id, spec.metadata, options)
+        session = await state.registry.create_session(spec.session_id, spec.metadata, options, sampling=spec.sampling)
         return json_response(state.session_info(session, _origin(request, state)), 201)
 
     async def list_sessions(request: web.Request) -> web.Response:

@@ -176,6 +176,8 @@ class InferencePool(BackendClient):
         self._open.set()
         self._waiting = 0
         self._changed = asyncio.Condition()
+        self._watchers = 0
+        """Pauses and drains waiting for calls to land: only then does a landing wake anyone."""
         self._affinity: dict[str, _Replica] = {}
         self._health: asyncio.Task[None] | None = None
         self._closed = False
@@ -229,8 +231,7 @@ class InferencePool(BackendClient):
             return self.status()
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._changed:
-                    await self._changed.wait_for(lambda: self.in_flight() == 0)
+                await self._until(lambda: self.in_flight() == 0)
         except TimeoutError:
             raise PauseTimeout(
                 f"the pause timed out after {timeout_s:g} s waiting for {self._describe_flights()} to finish; "
@@ -284,6 +285,10 @@ class InferencePool(BackendClient):
 
     async def add(self, url: str) -> PoolStatus:
         """Add a replica (a replica being removed is taken back); it joins the rotation once it answers."""
+        if all(r.url is None for r in self._replicas):
+            raise ConfigError(
+                f"the {self.name or 'scripted'} backend has no server URL: a pool of it takes no replicas"
+            )
         key = normalize_url(url)
         if not key.startswith(("http://", "https://")):
             raise ConfigError(f"backend URL {url!r} must start with http:// or https://")
@@ -308,8 +313,7 @@ class InferencePool(BackendClient):
         self._unpin(replica)
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._changed:
-                    await self._changed.wait_for(lambda: not replica.flights)
+                await self._until(lambda: not replica.flights)
         except TimeoutError:
             raise PauseTimeout(
                 f"backend {replica.url} still has {len(replica.flights)} call(s) in flight after {timeout_s:g} s; "
@@ -455,7 +459,16 @@ class InferencePool(BackendClient):
         replica = flight.replica
         if flight in replica.flights:
             replica.flights.discard(flight)
-            self._notify()
+            if self._watchers:
+                self._notify()
+
+    async def _until(self, check: Callable[[], bool]) -> None:
+        self._watchers += 1
+        try:
+            async with self._changed:
+                await self._changed.wait_for(check)
+        finally:
+            self._watchers -= 1
 
     def _notify(self) -> None:
         async def wake() -> None:

@@ -17,8 +17,9 @@ from polar_cli.errors import ConfigError, SessionError, SessionExistsError, brie
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion, validate_model
-from polar_cli.models.task import SCRIPT_KEY
+from polar_cli.models.task import SCRIPT_KEY, SamplingSpec
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
+from polar_cli.proxy.sampling import RawLogprobsWarning
 
 
 def session_prefix(session_id: str) -> str:
@@ -89,6 +90,17 @@ class Session:
     memory: list[bytes] = field(default_factory=list)  # JSON lines, as a journal would hold them
     deadline: float | None = None
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
+    sampling: SamplingSpec | None = None
+    """Forced onto every model call of the session (its task's ``agent.sampling``)."""
+    oldest_version: int | None = None
+    """The oldest policy version its recorded completions were sampled under (None: none recorded one yet): what
+    staleness is judged by, kept as calls are recorded so that nobody re-reads the journal for it."""
+
+    @property
+    def task_key(self) -> str:
+        """What the once-per-task warnings are keyed by: ``metadata.task_id``, else the session id."""
+        task_id = self.metadata.get("task_id")
+        return str(task_id) if task_id is not None else self.session_id
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -100,6 +112,7 @@ class Session:
             "created_at": self.created_at,
             "completions": self.count,
             "journal": str(self.journal.path) if self.journal else None,
+            "sampling": self.sampling.forced() if self.sampling is not None else None,
         }
         if base_url:
             out["base_urls"] = base_urls(base_url, self.session_id)
@@ -113,6 +126,7 @@ class SessionRegistry:
         self.backend = backend
         self.journal_dir = journal_dir
         self._sessions: dict[str, Session] = {}
+        self.raw_logprobs = RawLogprobsWarning()
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -127,9 +141,10 @@ class SessionRegistry:
         backend_options: Mapping[str, Any] | None = None,
         *,
         fresh: bool = False,
+        sampling: SamplingSpec | None = None,
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
-        checked against its allow-list (see :func:`session_options`).
+        checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call.
 
         A session id whose journal already has records continues it: numbering goes on after the last index, and the
         session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
@@ -141,7 +156,7 @@ class SessionRegistry:
             raise SessionExistsError(f"session {session_id!r} already exists")
         metadata, options = session_options(self.backend, metadata, backend_options)
         await self.backend.open_session(session_id, options)
-        session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time())
+        session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling)
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
             session.count = session.journal.next_index
@@ -180,6 +195,9 @@ class SessionRegistry:
         increasing indices and are written in that order. A failed write leaves a gap in the indices, never a reused
         one."""
         session.count += 1
+        version = record.get("policy_version")
+        if isinstance(version, int) and (session.oldest_version is None or version < session.oldest_version):
+            session.oldest_version = version
         if session.journal is not None:
             await session.journal.append_async(record)
         else:

@@ -8,6 +8,7 @@ from typing import Any
 
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion
+from polar_cli.models.task import SamplingSpec
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
@@ -50,8 +51,11 @@ class ProxyState:
         backend_options: Mapping[str, Any] | None = None,
         *,
         fresh: bool = False,
+        sampling: SamplingSpec | None = None,
     ) -> dict[str, Any]:
-        session = await self.registry.create_session(session_id, metadata, backend_options, fresh=fresh)
+        session = await self.registry.create_session(
+            session_id, metadata, backend_options, fresh=fresh, sampling=sampling
+        )
         return self.session_info(session)
 
     def get_completions(self, session_id: str) -> list[Completion]:

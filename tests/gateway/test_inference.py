@@ -215,7 +215,7 @@ def test_the_inference_routes_need_the_token_and_answer_bad_input_with_a_400(tmp
             out["unknown field"] = await http.post("/inference/resume", json={"policy_versoin": 2})
             out["no body"] = await http.post("/inference/backends")
             out["not json"] = await http.post("/inference/cancel_stale", content=b"{")
-            out["add to scripted"] = await http.post("/inference/backends", json={"url": "http://127.0.0.1:9"})
+            out["bad url"] = await http.post("/inference/backends", json={"url": "ftp://127.0.0.1:9"})
             out["remove unknown"] = await http.request("DELETE", "/inference/backends", json={"url": "http://x:1"})
             out["zero timeout"] = await http.post("/inference/load_weights", json={"path": "/w", "timeout_s": 0})
             out["pause keep"] = await http.post("/inference/pause", json={"mode": "keep"})
@@ -225,7 +225,7 @@ def test_the_inference_routes_need_the_token_and_answer_bad_input_with_a_400(tmp
     out = asyncio.run(body())
     assert out["anonymous"].status_code == 401
     assert PoolStatus.model_validate(out["status"].json()).policy_version == 1
-    for name in ("bad mode", "unknown field", "no body", "not json", "add to scripted", "remove unknown",
+    for name in ("bad mode", "unknown field", "no body", "not json", "bad url", "remove unknown",
                  "zero timeout"):  # fmt: skip
         response = out[name]
         assert response.status_code == 400, (name, response.text)

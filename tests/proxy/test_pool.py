@@ -341,7 +341,7 @@ def test_sync_takes_on_the_servers_version_and_pause() -> None:
         assert not waiting.done() and pool.status().waiting == 1
         await pool.sync(6, None)
         assert (await waiting).policy_version == 6
-        with pytest.raises(ConfigError, match="ready-made"):
+        with pytest.raises(ConfigError, match="takes no replicas"):
             await pool.add("http://other:1")
 
     run(test)
