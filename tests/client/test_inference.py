@@ -90,6 +90,8 @@ def test_the_async_client_and_the_errors_it_maps(served: Served) -> None:
                 await client.pause(timeout=0)  # the server's 400: timeout_s must be above 0
             with pytest.raises(ConfigError, match=r"no gateway has replica http://127\.0\.0\.1:9"):
                 await client.remove_backend("http://127.0.0.1:9")
+            with pytest.raises(ConfigError, match=r"add_backend failed on 1 of 1 gateways: .* 400: .*no server URL"):
+                await client.add_backend("http://127.0.0.1:9")  # a scripted pool takes no inference servers
             with pytest.raises(PoolControlError, match="a scripted backend loads no weights"):
                 await client.load_weights("/ckpt/step-1")
             assert (await client.inference()).paused is None  # nothing was paused
