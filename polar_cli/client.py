@@ -32,12 +32,14 @@ from polar_cli.errors import (
     AuthError,
     ConfigError,
     PolarError,
+    PoolControlError,
     ServiceUnavailableError,
     SessionError,
     SessionExistsError,
 )
 from polar_cli.models import (
     TERMINAL_TASK_STATES,
+    InferenceStatus,
     ServiceStatus,
     SessionResult,
     SubmitAnswer,
@@ -46,6 +48,8 @@ from polar_cli.models import (
     validate_model,
 )
 from polar_cli.models.base import describe_validation_error
+from polar_cli.models.inference import PauseMode
+from polar_cli.node_protocol.messages import PAUSE_TIMEOUT_S, CancelStaleAnswer
 
 SERVER_ENV = "POLAR_SERVER"
 TOKEN_ENV = "POLAR_TOKEN"
@@ -67,6 +71,8 @@ _STATUS_ERRORS: dict[int, type[PolarError]] = {
     409: SessionExistsError,
     422: ConfigError,
 }
+_INFERENCE_ERRORS: dict[int, type[PolarError]] = {**_STATUS_ERRORS, 404: PolarError, 409: PoolControlError}
+"""The ``/inference`` routes: a 409 is a gateway that failed or a version going back; a 404 a server without them."""
 
 
 def as_task(task: TaskInput, task_id: str | None = None) -> TaskRequest:
@@ -94,8 +100,9 @@ def resolve_server(url: str | None, token: str | None) -> tuple[str, str | None]
     return url.rstrip("/"), token or os.environ.get(TOKEN_ENV) or None
 
 
-def _error_for(response: httpx.Response) -> PolarError:
-    """The PolarError for a 4xx/5xx answer, carrying the server's own message (``{"error": {"message": ...}}``)."""
+def _error_for(response: httpx.Response, errors: Mapping[int, type[PolarError]] = _STATUS_ERRORS) -> PolarError:
+    """The PolarError for a 4xx/5xx answer (its class from ``errors`` by status), carrying the server's own message
+    (``{"error": {"message": ...}}``)."""
     message = ""
     try:
         body = response.json()
@@ -106,7 +113,7 @@ def _error_for(response: httpx.Response) -> PolarError:
     message = message or response.text.strip()[:300] or response.reason_phrase
     request = response.request
     where = f"{request.method} {request.url.path}"
-    return _STATUS_ERRORS.get(response.status_code, PolarError)(f"{message} (HTTP {response.status_code} on {where})")
+    return errors.get(response.status_code, PolarError)(f"{message} (HTTP {response.status_code} on {where})")
 
 
 def _transport_error(url: str, exc: httpx.HTTPError) -> PolarError:
@@ -128,11 +135,12 @@ class _Call(Generic[M]):
     answer: type[M]
     params: dict[str, float] = field(default_factory=dict)
     body: Any = None
-    hold: float = 0.0  # seconds the server may hold the answer (long poll), added to the client's timeout
+    hold: float = 0.0  # seconds the server may hold the answer (long poll, pause), added to the client's timeout
+    errors: Mapping[int, type[PolarError]] = field(default_factory=lambda: _STATUS_ERRORS)
 
     def read(self, response: httpx.Response) -> M:
         if response.is_error:
-            raise _error_for(response)
+            raise _error_for(response, self.errors)
         try:
             return self.answer.model_validate_json(response.content)
         except ValidationError as exc:
@@ -163,6 +171,44 @@ def _cancel_call(task_id: str) -> _Call[TaskStatus]:
 
 def _service_call() -> _Call[ServiceStatus]:
     return _Call("GET", "/rollout/status", ServiceStatus)
+
+
+def _inference_call(
+    method: str, route: str, answer: type[M], body: dict[str, Any] | None = None, hold: float = 0.0
+) -> _Call[M]:
+    """A call under ``/inference`` (``route`` after it); ``body`` without its None values (the server's defaults)."""
+    if body is not None:
+        body = {key: value for key, value in body.items() if value is not None}
+    return _Call(method, f"/inference{route}", answer, body=body, hold=hold, errors=_INFERENCE_ERRORS)
+
+
+def _pools_call() -> _Call[InferenceStatus]:
+    return _inference_call("GET", "", InferenceStatus)
+
+
+def _pause_call(mode: PauseMode, timeout: float) -> _Call[InferenceStatus]:
+    return _inference_call("POST", "/pause", InferenceStatus, {"mode": mode, "timeout_s": timeout}, hold=timeout)
+
+
+def _resume_call(policy_version: int | None) -> _Call[InferenceStatus]:
+    return _inference_call("POST", "/resume", InferenceStatus, {"policy_version": policy_version})
+
+
+def _load_weights_call(path: str, policy_version: int | None, timeout: float) -> _Call[InferenceStatus]:
+    body = {"path": path, "policy_version": policy_version, "timeout_s": timeout}
+    return _inference_call("POST", "/load_weights", InferenceStatus, body, hold=2 * timeout)  # pause, then reload
+
+
+def _add_backend_call(url: str) -> _Call[InferenceStatus]:
+    return _inference_call("POST", "/backends", InferenceStatus, {"url": url})
+
+
+def _remove_backend_call(url: str, timeout: float) -> _Call[InferenceStatus]:
+    return _inference_call("DELETE", "/backends", InferenceStatus, {"url": url, "timeout_s": timeout}, hold=timeout)
+
+
+def _cancel_stale_call(older_than: int | None) -> _Call[CancelStaleAnswer]:
+    return _inference_call("POST", "/cancel_stale", CancelStaleAnswer, {"older_than": older_than})
 
 
 class _Poll:
@@ -266,6 +312,43 @@ class PolarClient(_Base):
         """``GET /rollout/status``: tasks by state, nodes, pending sessions."""
         return self._send(_service_call())
 
+    # ---- the inference pools (docs/service.md, "Weight updates") ----
+
+    def inference(self) -> InferenceStatus:
+        """``GET /inference``: the policy version, whether sampling is paused, and every gateway's pool."""
+        return self._send(_pools_call())
+
+    def pause(self, mode: PauseMode = "wait", *, timeout: float = PAUSE_TIMEOUT_S) -> InferenceStatus:
+        """Hold new model calls at every gateway; returns once no call is in flight (``wait``) or the calls in
+        flight are frozen on their replicas (``keep``). PoolControlError, naming what it waited for, when a gateway
+        fails or ``timeout`` seconds pass first (sampling stays paused: resume, or pause again)."""
+        return self._send(_pause_call(mode, timeout))
+
+    def resume(self, policy_version: int | None = None) -> InferenceStatus:
+        """Every gateway samples again, under ``policy_version`` (default: the current one + 1; lower than the
+        current one is a PoolControlError)."""
+        return self._send(_resume_call(policy_version))
+
+    def load_weights(
+        self, path: str | os.PathLike[str], policy_version: int | None = None, *, timeout: float = PAUSE_TIMEOUT_S
+    ) -> InferenceStatus:
+        """Pause, have every replica reload its weights from ``path`` (on the inference servers' machines), resume
+        under ``policy_version`` (default: the current one + 1). ``timeout`` bounds the pause and the reload."""
+        return self._send(_load_weights_call(str(path), policy_version, timeout))
+
+    def add_backend(self, url: str) -> InferenceStatus:
+        """Add inference server ``url`` to every gateway's pool (those that have it already are left alone)."""
+        return self._send(_add_backend_call(url))
+
+    def remove_backend(self, url: str, *, timeout: float = PAUSE_TIMEOUT_S) -> InferenceStatus:
+        """Take ``url`` out of every pool that has it: no new calls; its calls in flight get ``timeout`` seconds."""
+        return self._send(_remove_backend_call(url, timeout))
+
+    def cancel_stale(self, older_than: int | None = None) -> CancelStaleAnswer:
+        """Cancel (status ``stale``) every running session whose oldest completion was sampled under a version older
+        than ``older_than`` (default: the current one); the ids cancelled."""
+        return self._send(_cancel_stale_call(older_than))
+
     def close(self) -> None:
         self._http.close()
 
@@ -319,6 +402,29 @@ class AsyncPolarClient(_Base):
 
     async def service_status(self) -> ServiceStatus:
         return await self._send(_service_call())
+
+    async def inference(self) -> InferenceStatus:
+        return await self._send(_pools_call())
+
+    async def pause(self, mode: PauseMode = "wait", *, timeout: float = PAUSE_TIMEOUT_S) -> InferenceStatus:
+        return await self._send(_pause_call(mode, timeout))
+
+    async def resume(self, policy_version: int | None = None) -> InferenceStatus:
+        return await self._send(_resume_call(policy_version))
+
+    async def load_weights(
+        self, path: str | os.PathLike[str], policy_version: int | None = None, *, timeout: float = PAUSE_TIMEOUT_S
+    ) -> InferenceStatus:
+        return await self._send(_load_weights_call(str(path), policy_version, timeout))
+
+    async def add_backend(self, url: str) -> InferenceStatus:
+        return await self._send(_add_backend_call(url))
+
+    async def remove_backend(self, url: str, *, timeout: float = PAUSE_TIMEOUT_S) -> InferenceStatus:
+        return await self._send(_remove_backend_call(url, timeout))
+
+    async def cancel_stale(self, older_than: int | None = None) -> CancelStaleAnswer:
+        return await self._send(_cancel_stale_call(older_than))
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -20,6 +20,8 @@
     ├── AuthError                    a control call without the right token
     │   └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
     ├── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
+    ├── PoolControlError             an inference-pool control call could not be done (a gateway failed, a version
+    │                                going back)
     ├── HubError                     the HuggingFace Hub refused, failed or could not be reached
     └── MissingDependencyError       an optional package is not installed (names the extra that brings it)
 
@@ -133,6 +135,13 @@ class ServiceUnavailableError(PolarError):
     """A Polar server cannot be reached: connection refused, timed out or broken (worth retrying later)."""
 
     http_status = 503
+
+
+class PoolControlError(PolarError):
+    """A control call on the inference pools could not be done as asked: a gateway failed, timed out or refused it
+    (the message names each one and what it said), or a policy version would go backwards."""
+
+    http_status = 409
 
 
 class HubError(PolarError):

@@ -5,6 +5,8 @@ from polar_cli.models.completion import Completion, Provider, TokenSource
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     TRAINER_CALLBACK,
+    GatewayPool,
+    InferenceStatus,
     NodeLoad,
     NodeStatus,
     ServiceStatus,
@@ -33,6 +35,8 @@ __all__ = [
     "BuilderSpec",
     "Completion",
     "EvaluatorSpec",
+    "GatewayPool",
+    "InferenceStatus",
     "Mount",
     "NodeLoad",
     "NodeStatus",

@@ -28,6 +28,18 @@ INITIAL_POLICY_VERSION = 1
 """The policy version a fresh rollout server (and a gateway not yet told otherwise) samples under."""
 
 
+def replica_key(url: str) -> str:
+    """A replica's identity, as pools list it (``ReplicaStatus.url``): the URL without a trailing slash or ``/v1``."""
+    base = url.strip().rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
+
+
+def is_remote(url: str) -> bool:
+    """Whether a replica is an inference server reached over HTTP (and may be shared by gateways), not one inside the
+    gateway's own process (the scripted backend's)."""
+    return url.startswith(("http://", "https://"))
+
+
 class VersionSpan(BaseModel):
     """From response token ``start`` on (0-based index into ``response_ids``), tokens were sampled under
     ``version``. A call that crossed a weight update has two or more spans, in order. ``start`` is None where nobody

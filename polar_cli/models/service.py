@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.session import SessionResult, TaskState, TaskStatus
 
 TERMINAL_TASK_STATES: frozenset[TaskState] = frozenset({"completed", "failed", "cancelled"})
@@ -54,6 +55,24 @@ class ServiceStatus(BaseModel):
     nodes: list[NodeStatus] = Field(default_factory=list)
     pending_sessions: int = 0
     pending_callbacks: int | None = None  # trainer callbacks not yet acknowledged, when the server reports them
+
+
+class GatewayPool(BaseModel):
+    """One gateway in ``GET /inference``: its pool, or (``pool`` None) what it answered instead."""
+
+    node_id: str
+    url: str
+    pool: PoolStatus | None = None
+    error: str | None = None
+
+
+class InferenceStatus(BaseModel):
+    """``GET /inference`` and the answer of every ``/inference/...`` change: the server's policy version, whether
+    sampling is paused (and how), and each live gateway's pool."""
+
+    policy_version: int
+    paused: PauseMode | None = None
+    gateways: list[GatewayPool] = Field(default_factory=list)
 
 
 class SessionResultCallback(BaseModel):

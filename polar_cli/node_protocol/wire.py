@@ -36,13 +36,18 @@ async def call(
     answer: type[A],
     *,
     body: bytes | None = None,
+    timeout: float | None = None,
 ) -> Reply[A]:
-    """``method url`` with ``Authorization: Bearer token`` and ``body`` (JSON); never raises for what the peer did."""
+    """``method url`` with ``Authorization: Bearer token`` and ``body`` (JSON); never raises for what the peer did.
+    ``timeout`` (seconds) replaces the client's own for this call (a pause may take minutes)."""
     headers = {"Authorization": f"Bearer {token}"}
     if body is not None:
         headers["Content-Type"] = "application/json"
     try:
-        response = await client.request(method, url, content=body, headers=headers)
+        if timeout is None:
+            response = await client.request(method, url, content=body, headers=headers)
+        else:
+            response = await client.request(method, url, content=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return Reply(None, error=str(exc) or type(exc).__name__)
     if not response.is_success:

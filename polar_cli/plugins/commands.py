@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "polar_cli.commands.serve",
     "polar_cli.commands.submit",
     "polar_cli.commands.status",
+    "polar_cli.commands.inference",
     "polar_cli.commands.proxy",
     "polar_cli.commands.doctor",
     "polar_cli.commands.harness",

@@ -39,6 +39,7 @@ from polar_cli.models.inference import (
     ReplicaState,
     ReplicaStatus,
     VersionSpan,
+    replica_key,
 )
 from polar_cli.proxy.retry import RetryConfig, with_retries
 
@@ -104,12 +105,6 @@ class _Replica:
 
     def where(self) -> str:
         return self.url or self.client.name or type(self.client).__name__
-
-
-def normalize_url(url: str) -> str:
-    """A replica's identity: the URL without a trailing slash or ``/v1``."""
-    base = url.strip().rstrip("/")
-    return base[:-3] if base.endswith("/v1") else base
 
 
 class PooledStream:
@@ -194,7 +189,7 @@ class InferencePool(BackendClient):
         return pool
 
     def _new_replica(self, url: str | None) -> _Replica:
-        key = normalize_url(url) if url is not None else None
+        key = replica_key(url) if url is not None else None
         if key is not None and any(r.url == key for r in self._replicas):
             raise ConfigError(f"backend {key} is in the pool twice")
         return _Replica(url=key, client=self._make_client(key))
@@ -268,8 +263,10 @@ class InferencePool(BackendClient):
         urls: Sequence[str] | None = None,
     ) -> PoolStatus:
         """Pause (``wait``), make every replica (or just ``urls``) reload its weights from ``path`` with its
-        server's own mechanism, then resume under ``policy_version``. A reload that fails leaves the pool paused and
-        raises BackendError naming each replica that failed."""
+        server's own mechanism, then resume under ``policy_version``. A pool that was paused already stays paused
+        (whoever paused it resumes it: the rollout server, once every gateway sharing these replicas has reloaded).
+        A reload that fails leaves the pool paused and raises BackendError naming each replica that failed."""
+        paused_before = self._paused is not None
         if self._paused != "wait":
             await self.pause("wait", timeout_s)
         targets = self._replicas if urls is None else [self._find(url) for url in urls]
@@ -281,6 +278,8 @@ class InferencePool(BackendClient):
                 + "; ".join(failed) + ". The pool stays paused: load again, or resume under the old weights",
                 status=502,
             )  # fmt: skip
+        if paused_before:
+            return self.status()
         return await self.resume(policy_version)
 
     async def add(self, url: str) -> PoolStatus:
@@ -289,7 +288,7 @@ class InferencePool(BackendClient):
             raise ConfigError(
                 f"the {self.name or 'scripted'} backend has no server URL: a pool of it takes no replicas"
             )
-        key = normalize_url(url)
+        key = replica_key(url)
         if not key.startswith(("http://", "https://")):
             raise ConfigError(f"backend URL {url!r} must start with http:// or https://")
         existing = next((r for r in self._replicas if r.url == key), None)
@@ -491,7 +490,7 @@ class InferencePool(BackendClient):
         replica.sessions.clear()
 
     def _find(self, url: str) -> _Replica:
-        key = normalize_url(url)
+        key = replica_key(url)
         for replica in self._replicas:
             if replica.url == key:
                 return replica

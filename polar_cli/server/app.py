@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from aiohttp import web
 from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest, validate_model
-from polar_cli.node_protocol import HeartbeatBody, RegisterBody, SessionResultBody
+from polar_cli.node_protocol import (
+    BackendBody,
+    CancelStaleBody,
+    HeartbeatBody,
+    LoadWeightsBody,
+    PauseBody,
+    RegisterBody,
+    ResumeBody,
+    SessionResultBody,
+)
 from polar_cli.server.service import RolloutServer
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import Handler, json_errors, json_response
 
 MAX_BODY_MB = 256
+M = TypeVar("M", bound=BaseModel)
 
 
 def _json(model: BaseModel, status: int = 200) -> web.Response:
     return json_response(model.model_dump(mode="json"), status)
+
+
+async def _body(request: web.Request, model: type[M], *, default: object = None) -> M:
+    """The request's JSON body as ``model`` (a 400 naming the field when it is not one)."""
+    source = f"{request.method} {request.path}"
+    return validate_model(model, await read_json(request, source=source, default=default), source=source)
 
 
 def create_app(server: RolloutServer) -> web.Application:
@@ -28,9 +46,7 @@ def create_app(server: RolloutServer) -> web.Application:
         return guarded(server.token, "the rollout server", handler)
 
     async def submit(request: web.Request) -> web.Response:
-        source = "POST /rollout/task/submit"
-        task = validate_model(TaskRequest, await read_json(request, source=source), source=source)
-        return _json(await server.submit(task))
+        return _json(await server.submit(await _body(request, TaskRequest)))
 
     async def task_status(request: web.Request) -> web.Response:
         try:
@@ -46,16 +62,12 @@ def create_app(server: RolloutServer) -> web.Application:
         return _json(await server.service_status())
 
     async def register(request: web.Request) -> web.Response:
-        source = "POST /nodes/register"
-        body = validate_model(RegisterBody, await read_json(request, source=source), source=source)
-        return _json(await server.register(body))
+        return _json(await server.register(await _body(request, RegisterBody)))
 
     async def heartbeat(request: web.Request) -> web.Response:
         node_id = request.match_info["node_id"]
         server.check_node(node_id, request)  # before the body is even read: a wrong token changes nothing
-        source = f"POST /nodes/{node_id}/heartbeat"
-        body = validate_model(HeartbeatBody, await read_json(request, source=source, default={}), source=source)
-        return _json(await server.heartbeat(node_id, body))
+        return _json(await server.heartbeat(node_id, await _body(request, HeartbeatBody, default={})))
 
     async def session_result(request: web.Request) -> web.Response:
         source = "POST /callbacks/session_result"
@@ -68,6 +80,29 @@ def create_app(server: RolloutServer) -> web.Application:
     async def drain(request: web.Request) -> web.Response:
         return json_response(await server.drain(request.match_info["node_id"]))
 
+    inference = server.inference
+
+    async def pool_status(request: web.Request) -> web.Response:
+        return _json(await inference.status())
+
+    async def pause(request: web.Request) -> web.Response:
+        return _json(await inference.pause(await _body(request, PauseBody, default={})))
+
+    async def resume(request: web.Request) -> web.Response:
+        return _json(await inference.resume(await _body(request, ResumeBody, default={})))
+
+    async def load_weights(request: web.Request) -> web.Response:
+        return _json(await inference.load_weights(await _body(request, LoadWeightsBody)))
+
+    async def add_backend(request: web.Request) -> web.Response:
+        return _json(await inference.add_backend(await _body(request, BackendBody)))
+
+    async def remove_backend(request: web.Request) -> web.Response:
+        return _json(await inference.remove_backend(await _body(request, BackendBody)))
+
+    async def cancel_stale(request: web.Request) -> web.Response:
+        return _json(await inference.cancel_stale(await _body(request, CancelStaleBody, default={})))
+
     async def health(request: web.Request) -> web.Response:
         return json_response({"ok": True})
 
@@ -79,6 +114,13 @@ def create_app(server: RolloutServer) -> web.Application:
     app.router.add_post("/nodes/{node_id}/heartbeat", heartbeat)
     app.router.add_delete("/nodes/{node_id}", guard(drain))
     app.router.add_post("/callbacks/session_result", session_result)
+    app.router.add_get("/inference", guard(pool_status))
+    app.router.add_post("/inference/pause", guard(pause))
+    app.router.add_post("/inference/resume", guard(resume))
+    app.router.add_post("/inference/load_weights", guard(load_weights))
+    app.router.add_post("/inference/backends", guard(add_backend))
+    app.router.add_delete("/inference/backends", guard(remove_backend))
+    app.router.add_post("/inference/cancel_stale", guard(cancel_stale))
     app.router.add_get("/healthz", health)
 
     async def on_shutdown(_: web.Application) -> None:

@@ -50,6 +50,7 @@ from polar_cli.node_protocol import (
 )
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
+from polar_cli.server.inference import InferenceControl
 from polar_cli.server.scheduler import NodeView, choose_node
 from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
 from polar_cli.server.store_threads import StoreThreads
@@ -97,6 +98,9 @@ class RolloutServer:
         self.client = httpx.AsyncClient(timeout=config.dispatch_timeout_s)
         self.gateways = GatewayClient(self.client)
         self.callbacks = CallbackSender(self.store, config.callbacks, self.client, self.threads)
+        self.inference = InferenceControl(
+            self.store, self.threads, self.gateways, self._live_nodes, config.initial_policy_version
+        )
         self._live: dict[str, NodeLive] = {}
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -254,7 +258,8 @@ class RolloutServer:
             if row.session_id not in held and row.session_id not in self._sending:  # a send under way decides
                 await self._requeue(row, f"node {node_id} restarted without the session")
         self._dispatch_wake.set()
-        return RegisterAnswer(node_id=node_id, heartbeat_interval_s=self.config.heartbeat_interval_s)
+        return RegisterAnswer(node_id=node_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
+                              policy_version=self.inference.policy_version, paused=self.inference.paused)  # fmt: skip
 
     async def heartbeat(self, node_id: str, body: HeartbeatBody) -> HeartbeatAnswer:
         """The node's load and the sessions it holds: ones it should not run are cancelled there; ones it should
@@ -308,6 +313,12 @@ class RolloutServer:
         if outcome is not None:
             log.warning("session %s: %s", row.session_id, reason)
             self._notify()
+
+    def _live_nodes(self) -> list[NodeRow]:
+        """The registered nodes not declared dead (draining ones included: their sessions still sample)."""
+        return [
+            node for node_id, node in self._nodes.items() if not (node_id in self._live and self._live[node_id].dead)
+        ]
 
     def _healthy(self, node_id: str) -> bool:
         live = self._live.get(node_id)

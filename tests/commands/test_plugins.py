@@ -146,5 +146,5 @@ def test_builtin_commands_come_through_register_commands_before_a_plugins(tmp_pa
     group = get_command(build_app())
     names = group.list_commands(click.Context(group))
     assert names == ["run", "generate", "export", "push-hub", "serve", "submit", "status", "proxy", "doctor",
-                     "plugins", "hello", "harness"]  # fmt: skip
+                     "plugins", "hello", "inference", "harness"]  # fmt: skip
     reset_registry()

@@ -328,6 +328,11 @@ def test_load_weights_reloads_each_replica_and_resumes_under_the_new_version() -
         assert pool.status().paused == "wait" and pool.policy_version == 11
         assert (await pool.resume()).policy_version == 12
         assert (await pool.generate(chat(), session_id="s")).policy_version == 12
+        await pool.pause("wait")  # paused by its caller: the reload leaves resuming to it
+        status = await pool.load_weights("/ckpt/step-13", policy_version=13, urls=["http://a:1"])
+        assert status.paused == "wait" and status.policy_version == 12
+        assert made["http://a:1"].loaded[-1] == "/ckpt/step-13"
+        assert (await pool.resume(13)).policy_version == 13
 
     run(test)
 
