@@ -135,7 +135,7 @@ def test_exported_traces_load_offline_and_verify_against_the_journal(run: dict[s
                 prompt_ids=row["prompt_ids"], response_ids=row["response_ids"], loss_mask=row["loss_mask"],
                 response_logprobs=[{"token_id": t, "logprob": lp}
                                    for t, lp in zip(row["response_ids"], row["response_logprobs"], strict=True)],
-                metadata=json.loads(row["metadata"])))  # fmt: skip
+                policy_versions=row["policy_versions"], metadata=json.loads(row["metadata"])))  # fmt: skip
             assert row["harness"] == "pi" and row["task_id"].startswith("demo-") and row["chain_index"] == 0
     assert len(by_session) == len(TASKS)
     for session_id, session_traces in by_session.items():
