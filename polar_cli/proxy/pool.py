@@ -263,19 +263,22 @@ class InferencePool(BackendClient):
         urls: Sequence[str] | None = None,
     ) -> PoolStatus:
         """Pause (``wait``), make every replica (or just ``urls``) reload its weights from ``path`` with its
-        server's own mechanism, then resume under ``policy_version``. A pool that was paused already stays paused
+        server's own mechanism, then resume under ``policy_version``. Paused in ``keep`` mode, the calls frozen on the
+        servers are not waited for: they go on under the new weights. A pool that was paused already stays paused
         (whoever paused it resumes it: the rollout server, once every gateway sharing these replicas has reloaded).
         A reload that fails leaves the pool paused and raises BackendError naming each replica that failed."""
         paused_before = self._paused is not None
-        if self._paused != "wait":
+        if self._paused is None:
             await self.pause("wait", timeout_s)
+        # paused in keep mode: the calls frozen on the servers are recomputed under the new weights after the resume
         targets = self._replicas if urls is None else [self._find(url) for url in urls]
         failures = await asyncio.gather(*(self._reload(r, path, timeout_s) for r in targets))
         failed = [f for f in failures if f is not None]
         if failed:
             raise BackendError(
                 f"loading weights from {path} failed on {len(failed)} of {len(targets)} replica(s): "
-                + "; ".join(failed) + ". The pool stays paused: load again, or resume under the old weights",
+                + "; ".join(failed) + ". The pool stays paused: load again (a failed reload may leave a server without "
+                "usable weights: vLLM's does, so resuming on it is not safe)",
                 status=502,
             )  # fmt: skip
         if paused_before:
