@@ -20,20 +20,11 @@ from polar_cli.client import AsyncPolarClient, PolarClient
 from polar_cli.errors import AuthError, ConfigError, PoolControlError
 from polar_cli.models import InferenceStatus
 from polar_cli.node_protocol import CancelStaleAnswer
-from tests.client.conftest import TOKEN, Served, start_serve
+from tests.client.conftest import TOKEN, Served, start_serve, stop
 from tests.gateway.test_node import task
 from tests.support.docs import ROOT, code_blocks
 
 WIDE = {"COLUMNS": "200"}
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
