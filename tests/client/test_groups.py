@@ -27,8 +27,8 @@ from tests.support.docs import ROOT, code_blocks
 
 
 def request(task_id: str = "t", num_samples: int = 4, **metadata: Any) -> TaskRequest:
-    return TaskRequest(task_id=task_id, instruction="x", num_samples=num_samples, agent={"harness": "shell"},
-                       metadata={"script": SCRIPT, **metadata})  # fmt: skip
+    data = {"task_id": task_id, "instruction": "x", "num_samples": num_samples, "agent": {"harness": "shell"}}
+    return TaskRequest.model_validate({**data, "metadata": {"script": SCRIPT, **metadata}})
 
 
 def session(
@@ -183,6 +183,15 @@ def test_a_run_without_a_batch_size_takes_the_whole_source() -> None:
         run.admit(request("c", rollout_step="4"))
     with pytest.raises(ConfigError, match=r"metadata\.group_id must be a string or an integer"):
         run.admit(request("d", group_id=[1]))
+
+
+def test_groups_refuses_one_task_for_a_source_before_any_request() -> None:
+    with PolarClient("http://127.0.0.1:9", "t") as client:  # nothing listens there: no request is made
+        for one in (request(), request().model_dump(), "task.yaml", Path("task.yaml")):
+            with pytest.raises(ConfigError, match="an iterable of tasks, not one task"):
+                next(client.groups(one))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="poll interval must be positive"):
+            next(client.groups([request()], poll_interval=0))
 
 
 # ---- client.groups against a real polar serve ------------------------------------------------------------------------
@@ -360,7 +369,7 @@ def test_dynamic_sampling_drops_all_equal_groups_and_cancels_the_surplus(served:
     async def body() -> tuple[list[Group], list[str]]:
         async with AsyncPolarClient(served.url, served.token) as client:
             seen = [group async for group in client.groups(source(), config, stats=stats, poll_interval=0.2)]
-            states = [(await client.status(task_id)).state for task_id in stats.cancelled]
+            states: list[str] = [(await client.status(task_id)).state for task_id in stats.cancelled]
         return seen, states
 
     seen, states = asyncio.run(body())
