@@ -8,6 +8,8 @@ and how to read the answer, ``_Poll`` drives ``wait`` and ``results``), so the t
         for result in client.results(task_id):                     # each SessionResult once, as it finishes
             ...
         final = client.wait(task_id)                               # the final TaskStatus
+        for group in client.groups(tasks, GroupConfig(batch_size=8)):  # GRPO groups, as tasks end (groups.py)
+            ...
 
 Errors are mapped here, at the boundary: the server's 4xx/5xx become PolarErrors carrying its message (401
 AuthError, 404 SessionError, 409 SessionExistsError, 400/422 ConfigError), and httpx's transport errors
@@ -16,9 +18,11 @@ ServiceUnavailableError naming the URL.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -37,6 +41,7 @@ from polar_cli.errors import (
     SessionError,
     SessionExistsError,
 )
+from polar_cli.groups import Group, GroupConfig, GroupRun, GroupStats
 from polar_cli.models import (
     TERMINAL_TASK_STATES,
     InferenceStatus,
@@ -50,6 +55,8 @@ from polar_cli.models import (
 from polar_cli.models.base import describe_validation_error
 from polar_cli.models.inference import PauseMode
 from polar_cli.node_protocol.messages import PAUSE_TIMEOUT_S, CancelStaleAnswer
+
+log = logging.getLogger(__name__)
 
 SERVER_ENV = "POLAR_SERVER"
 TOKEN_ENV = "POLAR_TOKEN"
@@ -211,6 +218,44 @@ def _cancel_stale_call(older_than: int | None) -> _Call[CancelStaleAnswer]:
     return _inference_call("POST", "/cancel_stale", CancelStaleAnswer, {"older_than": older_than})
 
 
+def _group_run(config: GroupConfig | None, stats: GroupStats | None, every: float, tasks: object) -> GroupRun:
+    """The run of one ``groups()`` call, its arguments checked first."""
+    if every <= 0:
+        raise ConfigError(f"the poll interval must be positive, not {every}")
+    if isinstance(tasks, str | os.PathLike | Mapping | BaseModel):
+        raise ConfigError("groups() takes an iterable of tasks, not one task: wrap it in a list")
+    return GroupRun(config, stats)
+
+
+def _group_polls(run: GroupRun, every: float) -> list[_Call[TaskStatus]]:
+    return [_status_call(task_id, hold) for task_id, hold in run.polls(every)]
+
+
+def _not_cancelled(task_id: str, exc: PolarError) -> None:
+    log.warning("groups(): could not cancel task %s on the way out: %s", task_id, exc)
+
+
+async def _async_source(tasks: Iterable[TaskInput] | AsyncIterable[TaskInput]) -> AsyncGenerator[TaskInput, None]:
+    if isinstance(tasks, AsyncIterable):
+        async for task in tasks:
+            yield task
+    else:
+        for task in tasks:
+            yield task
+
+
+async def _together(calls: list[Awaitable[M]]) -> list[M]:
+    """The answers of ``calls``, run concurrently; when one fails, the others are cancelled and its error raised."""
+    running = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*running))
+    except BaseException:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
+
+
 class _Poll:
     """Long-polls one task until it ends or ``timeout`` passes, each poll held up to ``every`` seconds; keeps the
     latest TaskStatus and hands out each SessionResult once (by session id)."""
@@ -308,6 +353,50 @@ class PolarClient(_Base):
         """Cancel the task's sessions everywhere; its TaskStatus."""
         return self._send(_cancel_call(task_id))
 
+    def groups(
+        self,
+        tasks: Iterable[TaskInput],
+        config: GroupConfig | None = None,
+        *,
+        stats: GroupStats | None = None,
+        poll_interval: float = RESULTS_POLL_SECONDS,
+    ) -> Iterator[Group]:
+        """Submit tasks from ``tasks`` (as ``config.max_in_flight`` allows) and yield each usable Group once every
+        session of its task has finished, in the order tasks end (the rules: ``polar_cli.groups``). With
+        ``config.batch_size`` it ends after that many, replacing dropped groups from the source, and cancels the tasks
+        still running. Dropped groups, cancelled and unused tasks go to ``stats``. Leaving the loop early (break, an
+        error) cancels the tasks still running."""
+        run = _group_run(config, stats, poll_interval, tasks)
+        source = iter(tasks)
+        ready: list[Group] = []
+        try:
+            while True:
+                while run.wants_task():
+                    task = next(source, None)
+                    if task is None:
+                        run.source_ended()
+                        break
+                    request = run.admit(as_task(task))
+                    self._send(_submit_call(request, None))
+                    run.submitted(request)
+                if run.batch_full:
+                    for task_id in run.stop_running():
+                        self._send(_cancel_call(task_id))
+                yield from ready  # after the refill: the next tasks sample while the caller trains
+                if run.finished:
+                    return
+                for call in _group_polls(run, poll_interval):
+                    run.take(self._send(call))
+                version = self._send(_pools_call()).policy_version if run.needs_policy_version else None
+                ready = run.judge(version)
+        except BaseException:
+            for task_id in run.stop_running():
+                try:
+                    self._send(_cancel_call(task_id))
+                except PolarError as exc:
+                    _not_cancelled(task_id, exc)
+            raise
+
     def service_status(self) -> ServiceStatus:
         """``GET /rollout/status``: tasks by state, nodes, pending sessions."""
         return self._send(_service_call())
@@ -399,6 +488,51 @@ class AsyncPolarClient(_Base):
 
     async def cancel(self, task_id: str) -> TaskStatus:
         return await self._send(_cancel_call(task_id))
+
+    async def groups(
+        self,
+        tasks: Iterable[TaskInput] | AsyncIterable[TaskInput],
+        config: GroupConfig | None = None,
+        *,
+        stats: GroupStats | None = None,
+        poll_interval: float = RESULTS_POLL_SECONDS,
+    ) -> AsyncIterator[Group]:
+        """``PolarClient.groups`` as an async iterator; ``tasks`` may be an async iterable. The polls of a round go
+        out together. To cancel the tasks still running as soon as a loop is left early, use
+        ``contextlib.aclosing``."""
+        run = _group_run(config, stats, poll_interval, tasks)
+        source = _async_source(tasks)
+        ready: list[Group] = []
+        try:
+            while True:
+                while run.wants_task():
+                    task = await anext(source, None)
+                    if task is None:
+                        run.source_ended()
+                        break
+                    request = run.admit(as_task(task))
+                    await self._send(_submit_call(request, None))
+                    run.submitted(request)
+                if run.batch_full:
+                    for task_id in run.stop_running():
+                        await self._send(_cancel_call(task_id))
+                for group in ready:  # after the refill: the next tasks sample while the caller trains
+                    yield group
+                if run.finished:
+                    return
+                for status in await _together([self._send(call) for call in _group_polls(run, poll_interval)]):
+                    run.take(status)
+                version = (await self._send(_pools_call())).policy_version if run.needs_policy_version else None
+                ready = run.judge(version)
+        except BaseException:
+            for task_id in run.stop_running():
+                try:
+                    await self._send(_cancel_call(task_id))
+                except PolarError as exc:
+                    _not_cancelled(task_id, exc)
+            raise
+        finally:
+            await source.aclose()
 
     async def service_status(self) -> ServiceStatus:
         return await self._send(_service_call())

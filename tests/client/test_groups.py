@@ -1,0 +1,408 @@
+"""Groups for GRPO (polar_cli/groups.py): the rules as pure functions, then ``client.groups`` against a real ``polar
+serve`` (scripted backend) whose shell agent plays a plan per session, so each session's outcome and reward is
+chosen by the test: the sessions of a task claim an ordinal each (a directory under ``$CLAIMS``) and act by
+``$PLAN[ordinal]``; the ``test_on_output`` evaluator gives 1.0 when the agent wrote ``passed``, else 0.0."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_cli.client import AsyncPolarClient, PolarClient
+from polar_cli.errors import ConfigError, PolarError
+from polar_cli.groups import DroppedGroup, Group, GroupConfig, GroupRun, GroupStats, judge_group
+from polar_cli.models import PolicyVersions, SessionResult, TaskRequest, TaskStatus, Trace, Trajectory
+from tests.client.conftest import Served
+from tests.gateway.test_node import SCRIPT
+from tests.support.docs import ROOT, code_blocks
+
+# ---- the rules, pure ------------------------------------------------------------------------------------------------
+
+
+def request(task_id: str = "t", num_samples: int = 4, **metadata: Any) -> TaskRequest:
+    data = {"task_id": task_id, "instruction": "x", "num_samples": num_samples, "agent": {"harness": "shell"}}
+    return TaskRequest.model_validate({**data, "metadata": {"script": SCRIPT, **metadata}})
+
+
+def session(
+    index: int,
+    status: str = "completed",
+    reward: float | None = 1.0,
+    mask: list[int] | None = None,
+    versions: tuple[int, int] | None = (3, 3),
+    calls: int = 1,
+) -> SessionResult:
+    """A session's result: one trace with ``mask`` (default [1, 0, 1]) unless ``calls`` is 0 (no trace at all)."""
+    traces = []
+    if calls:
+        mask = [1, 0, 1] if mask is None else mask
+        policy = None if versions is None else PolicyVersions(oldest=versions[0], newest=versions[1], per_completion=[])
+        traces = [Trace(prompt_ids=[1, 2], response_ids=[7] * len(mask), loss_mask=mask, reward=reward,
+                        policy_versions=policy)]  # fmt: skip
+    return SessionResult.model_validate({
+        "session_id": f"t-{index}", "task_id": "t", "sample_index": index, "status": status, "reward": reward,
+        "num_completions": calls, "trajectory": Trajectory.model_validate({"status": status, "traces": traces}),
+        "error": "boom" if status == "error" else None,
+    })  # fmt: skip
+
+
+def usable(verdict: Group | DroppedGroup) -> Group:
+    assert isinstance(verdict, Group), verdict
+    return verdict
+
+
+def dropped(verdict: Group | DroppedGroup) -> DroppedGroup:
+    assert isinstance(verdict, DroppedGroup), verdict
+    return verdict
+
+
+def test_which_sessions_are_usable_and_why_the_others_are_not() -> None:
+    results = [
+        session(0, reward=0.0),
+        session(1, status="timeout"),
+        session(2, calls=0, reward=0.0),  # completed without a model call
+        session(3, mask=[0, 0]),
+        session(4, reward=None),
+        session(5, reward=1.0),
+    ]
+    task = request(num_samples=6, group_id="g7", rollout_step=4, policy_version=3)
+    group = usable(judge_group(task, results, GroupConfig(min_usable_fraction=0.3)))
+    assert [r.sample_index for r in group.results] == [0, 5] and group.rewards == [0.0, 1.0]
+    assert [(d.sample_index, d.cause) for d in group.dropped] == [
+        (1, "not_completed"), (2, "no_model_call"), (3, "no_trainable_token"), (4, "no_reward"),
+    ]  # fmt: skip
+    assert group.dropped[1].detail == "completed without a single model call through the proxy"
+    assert (group.task_id, group.group_id, group.rollout_step, group.num_samples) == ("t", "g7", 4, 6)
+    assert group.metadata == {"group_id": "g7", "rollout_step": 4, "policy_version": 3}  # the script left out
+    assert len(group.traces) == 2 and group.usable_fraction == pytest.approx(2 / 6)
+    assert (group.oldest_version, group.newest_version, group.staleness) == (3, 3, None)
+    assert usable(judge_group(task, list(reversed(results)), GroupConfig(min_usable_fraction=0.3))) == group
+
+
+def test_too_few_usable_sessions_drop_the_group() -> None:
+    three_of_five = [session(i, status="error" if i >= 3 else "completed") for i in range(5)]
+    assert len(usable(judge_group(request(num_samples=5), three_of_five, GroupConfig())).results) == 3  # 60%
+    two_of_four = [session(i, status="error" if i >= 2 else "completed") for i in range(4)]
+    drop = dropped(judge_group(request(), two_of_four, GroupConfig()))
+    assert drop.reason == "too_few_usable"
+    assert drop.detail == "task t: 2 of 4 sessions usable, below 60% (2 not_completed)"
+    assert usable(judge_group(request(), two_of_four, GroupConfig(min_usable_fraction=0.5))).rewards == [1.0, 1.0]
+    cancelled = [session(i, status="cancelled", calls=0) for i in range(2)]  # nothing ran: not the harness's fault
+    assert dropped(judge_group(request(num_samples=2), cancelled, GroupConfig())).reason == "too_few_usable"
+    none = [session(0, status="error"), session(1, status="timeout")]  # at least one usable session, always
+    assert dropped(judge_group(request(num_samples=2), none, GroupConfig(min_usable_fraction=0.01))).group.dropped
+    assert usable(judge_group(request(num_samples=1), [session(0)], GroupConfig())).rewards == [1.0]
+
+
+def test_a_task_none_of_whose_sessions_called_the_model_is_an_error() -> None:
+    nothing = [session(0, calls=0), session(1, calls=0, status="error"), session(2, calls=0, status="cancelled")]
+    expected = (
+        r"task t: not one of its 3 sessions captured a model call \(1 completed, 1 error, 1 cancelled\): "
+        r".*bypassed it.*base URL is misconfigured.*; first error: boom"
+    )
+    with pytest.raises(PolarError, match=expected):
+        judge_group(request(num_samples=3), nothing, GroupConfig())
+
+
+def test_staleness_against_the_servers_version() -> None:
+    results = [session(0, versions=(2, 4)), session(1, versions=(3, 3)), session(2, versions=None)]
+    task = request(num_samples=3)
+    group = usable(judge_group(task, results, GroupConfig(max_staleness=2), policy_version=4))
+    assert (group.oldest_version, group.newest_version, group.policy_version, group.staleness) == (2, 4, 4, 2)
+    drop = dropped(judge_group(task, results, GroupConfig(max_staleness=1), policy_version=4))
+    assert drop.reason == "stale"
+    assert drop.detail == "task t: sampled from policy version 2 on, 2 behind the current 4 (max_staleness 1)"
+    unversioned = [session(i, versions=None) for i in range(3)]  # traces of an older Polar: staleness unknown
+    assert usable(judge_group(task, unversioned, GroupConfig(max_staleness=0), policy_version=9)).staleness is None
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal() -> None:
+    same = [session(0, reward=1.0), session(1, reward=1.0), session(2, status="error", reward=0.0)]
+    task = request(num_samples=3)
+    assert usable(judge_group(task, same, GroupConfig())).rewards == [1.0, 1.0]
+    drop = dropped(judge_group(task, same, GroupConfig(dynamic_sampling=True)))
+    assert drop.reason == "all_equal" and drop.detail.startswith("task t: every usable session has reward 1.0")
+    mixed = [session(0, reward=1.0), session(1, reward=0.5), session(2, reward=1.0)]
+    assert usable(judge_group(task, mixed, GroupConfig(dynamic_sampling=True))).rewards == [1.0, 0.5, 1.0]
+
+
+def test_the_config_is_strict() -> None:
+    with pytest.raises(ValueError, match="max_stalenes"):
+        GroupConfig.model_validate({"max_stalenes": 1})
+    with pytest.raises(ValueError, match="min_usable_fraction"):
+        GroupConfig(min_usable_fraction=0)
+
+
+def ended(task: TaskRequest, *results: SessionResult) -> TaskStatus:
+    return TaskStatus(task_id=task.task_id, state="completed", num_samples=task.num_samples, results=list(results))
+
+
+def test_a_run_submits_within_its_bounds_and_stops_at_the_batch_size() -> None:
+    run = GroupRun(GroupConfig(batch_size=1, max_in_flight=2, dynamic_sampling=True))
+    a, b, c = (request(name, num_samples=2) for name in "abc")
+    for task in (a, b):
+        assert run.wants_task()
+        run.submitted(run.admit(task))
+    assert not run.wants_task() and not run.finished
+    assert run.polls(1.5) == [("a", 1.5), ("b", None)]
+    with pytest.raises(ConfigError, match="task 'a' came twice"):
+        run.admit(a)
+    run.take(TaskStatus(task_id="a", state="running", num_samples=2))  # not ended: still polled
+    run.take(ended(a, session(0), session(1)))  # all equal: dropped, and replaced
+    assert not run.needs_policy_version and run.judge() == [] and run.wants_task()
+    run.submitted(run.admit(c))
+    run.take(ended(c, session(0, reward=0.0), session(1)))
+    run.take(ended(b, session(0, reward=0.0), session(1)))
+    assert [group.task_id for group in run.judge()] == ["c"]  # the batch is full: b is not judged
+    assert run.batch_full and run.finished and not run.wants_task()
+    assert run.stop_running() == []
+    stats = run.stats
+    assert (stats.submitted, stats.usable, stats.unused, stats.cancelled) == (["a", "b", "c"], 1, ["b"], [])
+    assert stats.dropped_by_reason() == {"all_equal": 1}
+
+
+def test_a_run_without_a_batch_size_takes_the_whole_source() -> None:
+    run = GroupRun(GroupConfig(max_staleness=0))
+    for name in "ab":
+        run.submitted(run.admit(request(name, num_samples=1)))
+    assert run.wants_task()
+    run.source_ended()
+    assert not run.wants_task() and not run.finished
+    run.take(ended(request("a", num_samples=1), session(0)))
+    assert run.needs_policy_version
+    assert [group.staleness for group in run.judge(policy_version=3)] == [0]
+    assert run.stop_running() == ["b"] and run.stats.cancelled == ["b"] and run.finished
+    with pytest.raises(ConfigError, match=r"metadata\.rollout_step must be an integer"):
+        run.admit(request("c", rollout_step="4"))
+    with pytest.raises(ConfigError, match=r"metadata\.group_id must be a string or an integer"):
+        run.admit(request("d", group_id=[1]))
+
+
+def test_groups_refuses_one_task_for_a_source_before_any_request() -> None:
+    with PolarClient("http://127.0.0.1:9", "t") as client:  # nothing listens there: no request is made
+        for one in (request(), request().model_dump(), "task.yaml", Path("task.yaml")):
+            with pytest.raises(ConfigError, match="an iterable of tasks, not one task"):
+                next(client.groups(one))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="poll interval must be positive"):
+            next(client.groups([request()], poll_interval=0))
+
+
+# ---- client.groups against a real polar serve ------------------------------------------------------------------------
+
+AGENT = """
+import json, os, sys, time, urllib.request
+claims = os.environ["CLAIMS"]
+os.makedirs(claims, exist_ok=True)
+ordinal = 0
+while True:
+    try:
+        os.mkdir(os.path.join(claims, str(ordinal)))
+        break
+    except FileExistsError:
+        ordinal += 1
+act = os.environ["PLAN"].split(",")[ordinal]
+if act != "none":
+    url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+    body = json.dumps({"model": os.environ["POLAR_MODEL"], "messages": [{"role": "user", "content": "go"}]})
+    json.load(urllib.request.urlopen(urllib.request.Request(url, data=body.encode(), headers=headers)))
+open(os.path.join(claims, str(ordinal), "called"), "w").close()
+if act == "gate":
+    while not os.path.exists(os.environ["GATE"]):
+        time.sleep(0.05)
+if act in ("pass", "gate"):
+    open("passed", "w").close()
+if act == "crash":
+    sys.exit("crashed as planned")
+if act == "hang":
+    time.sleep(3600)
+"""
+"""Each session claims the next ordinal and plays ``PLAN[ordinal]``: ``pass`` (a model call, reward 1), ``fail``
+(a call, reward 0), ``crash`` (a call, exit 1: status error), ``none`` (no call, exit 0), ``hang`` (a call, then
+sleeps), ``gate`` (a call, then waits for ``$GATE`` and passes); each writes ``called`` in its claim once past its
+call."""
+
+
+def planned(task_id: str, plan: list[str], root: Path, **metadata: Any) -> TaskRequest:
+    return TaskRequest.model_validate({
+        "task_id": task_id,
+        "instruction": f"do {task_id}",
+        "num_samples": len(plan),
+        "timeout_seconds": 60,
+        "agent": {
+            "harness": "shell",
+            "env": {"CLAIMS": str(root / "claims" / task_id), "PLAN": ",".join(plan), "GATE": str(gate(root, task_id))},
+            "config": {"command": f'exec {sys.executable} "$HOME/agent.py"', "files": {"agent.py": AGENT}},
+        },
+        "builder": {"strategy": "per_request"},
+        "evaluator": {"strategy": "test_on_output", "config": {"command": "test -f passed"}},
+        "metadata": {"script": SCRIPT, **metadata},
+    })  # fmt: skip
+
+
+def gate(root: Path, task_id: str) -> Path:
+    return root / "gates" / task_id
+
+
+def called(root: Path, task_id: str, n: int, timeout: float = 60) -> None:
+    """Until ``n`` sessions of the task have made their model call."""
+    end = time.monotonic() + timeout
+    while len(list((root / "claims" / task_id).glob("*/called"))) < n:
+        assert time.monotonic() < end, f"{task_id}: {n} sessions did not make their call"
+        time.sleep(0.05)
+
+
+def complete(group: Group) -> None:
+    assert len(group.results) + len(group.dropped) == group.num_samples
+    assert len({r.session_id for r in group.results} | {d.session_id for d in group.dropped}) == group.num_samples
+
+
+def test_groups_come_complete_as_tasks_end_and_unusable_ones_are_dropped(served: Served, tmp_path: Path) -> None:
+    slow = planned("grp-slow", ["gate", "fail"], tmp_path, group_id="g-slow", rollout_step=3)
+    fast = planned("grp-fast", ["pass", "fail", "none"], tmp_path, group_id=7)
+    few = planned("grp-few", ["pass", "crash", "crash"], tmp_path)
+    stats = GroupStats()
+    seen: list[Group] = []
+    with PolarClient(served.url, served.token) as client:
+        for group in client.groups([slow, fast.model_dump(mode="json"), few], stats=stats, poll_interval=0.2):
+            seen.append(group)
+            if group.task_id == "grp-fast":  # the slow task's group is not complete yet: one session waits
+                called(tmp_path, "grp-slow", 2)
+                assert client.status("grp-slow").state == "running"
+                gate(tmp_path, "grp-slow").parent.mkdir(exist_ok=True)
+                gate(tmp_path, "grp-slow").touch()
+        version = client.inference().policy_version
+    assert [group.task_id for group in seen] == ["grp-fast", "grp-slow"]
+    for group in seen:
+        complete(group)
+    first, second = seen
+    assert (first.group_id, first.rollout_step, sorted(first.rewards)) == (7, None, [0.0, 1.0])
+    assert [(d.cause, d.detail) for d in first.dropped] == [
+        ("no_model_call", "completed without a single model call through the proxy")
+    ]
+    assert (second.group_id, second.rollout_step, sorted(second.rewards), second.dropped) == (
+        "g-slow",
+        3,
+        [0.0, 1.0],
+        [],
+    )
+    assert second.metadata == {"group_id": "g-slow", "rollout_step": 3}
+    assert all(trace.trainable_tokens and trace.policy_versions for trace in second.traces)
+    assert second.oldest_version == second.newest_version == version and second.policy_version is None
+    [drop] = stats.dropped
+    assert (drop.reason, drop.group.task_id) == ("too_few_usable", "grp-few")
+    assert drop.detail == "task grp-few: 1 of 3 sessions usable, below 60% (2 not_completed)"
+    assert [d.cause for d in drop.group.dropped] == ["not_completed", "not_completed"]
+    assert all(d.detail.startswith("status error: shell exited with status 1") for d in drop.group.dropped)
+    assert all("crashed as planned" in d.detail for d in drop.group.dropped)
+    assert (stats.submitted, stats.usable, stats.cancelled, stats.unused) == (
+        ["grp-slow", "grp-fast", "grp-few"],
+        2,
+        [],
+        [],
+    )
+    assert stats.source_exhausted
+
+
+def test_a_task_whose_sessions_never_called_the_model_fails_loudly(served: Served, tmp_path: Path) -> None:
+    hang = planned("grp-hang", ["hang"], tmp_path)
+    nothing = planned("grp-nothing", ["none", "none"], tmp_path)
+    stats = GroupStats()
+    with PolarClient(served.url, served.token) as client:
+        with pytest.raises(PolarError, match=r"task grp-nothing: not one of its 2 sessions captured a model call "
+                           r"\(2 completed\): the harness never reached Polar's proxy"):  # fmt: skip
+            list(client.groups([hang, nothing], stats=stats, poll_interval=0.2))
+        assert stats.cancelled == ["grp-hang"]  # what it had submitted and still ran is cancelled on the way out
+        assert client.wait("grp-hang", timeout=30).state == "cancelled"
+
+
+def test_a_group_beyond_the_staleness_bound_is_dropped(served: Served, tmp_path: Path) -> None:
+    fresh = planned("grp-fresh", ["pass", "fail"], tmp_path)
+    stale = planned("grp-stale", ["gate", "gate"], tmp_path)
+    stats = GroupStats()
+    with PolarClient(served.url, served.token) as client:
+        before = client.inference().policy_version
+        seen = []
+        for group in client.groups([fresh, stale], GroupConfig(max_staleness=1), stats=stats, poll_interval=0.2):
+            seen.append(group)
+            called(tmp_path, "grp-stale", 2)  # both sampled under `before`; the trainer moves on twice
+            client.resume()
+            client.resume()
+            gate(tmp_path, "grp-stale").parent.mkdir(exist_ok=True)
+            gate(tmp_path, "grp-stale").touch()
+    [group] = seen
+    assert (group.task_id, group.policy_version, group.staleness) == ("grp-fresh", before, 0)
+    [drop] = stats.dropped
+    assert (drop.reason, drop.group.task_id, drop.group.staleness) == ("stale", "grp-stale", 2)
+    assert drop.detail == f"task grp-stale: sampled from policy version {before} on, 2 behind the current " \
+                          f"{before + 2} (max_staleness 1)"  # fmt: skip
+    complete(drop.group)
+
+
+def test_dynamic_sampling_drops_all_equal_groups_and_cancels_the_surplus(served: Served, tmp_path: Path) -> None:
+    plans = {
+        "grp-equal": ["pass", "pass"],
+        "grp-mixed-1": ["pass", "fail"],
+        "grp-hang-1": ["hang", "hang"],
+        "grp-hang-2": ["hang", "hang"],
+        "grp-mixed-2": ["fail", "pass"],  # taken once a task has ended: the first four fill max_in_flight
+        "grp-hang-3": ["hang", "hang"],  # taken when the second of grp-equal, grp-mixed-1 ends before grp-mixed-2
+        "grp-hang-4": ["hang", "hang"],  # never taken: only two tasks end before the batch is full
+    }
+    pulled: list[str] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for task_id, plan in plans.items():
+            pulled.append(task_id)
+            yield planned(task_id, plan, tmp_path).model_dump(mode="json")
+
+    config = GroupConfig(dynamic_sampling=True, batch_size=2, max_in_flight=4)
+    stats = GroupStats()
+
+    async def body() -> tuple[list[Group], list[str]]:
+        async with AsyncPolarClient(served.url, served.token) as client:
+            seen = [group async for group in client.groups(source(), config, stats=stats, poll_interval=0.2)]
+            states: list[str] = [(await client.status(task_id)).state for task_id in stats.cancelled]
+        return seen, states
+
+    seen, states = asyncio.run(body())
+    assert [group.task_id for group in seen] == ["grp-mixed-1", "grp-mixed-2"]
+    assert all(sorted(group.rewards) == [0.0, 1.0] for group in seen)
+    assert [(drop.reason, drop.group.task_id) for drop in stats.dropped] == [("all_equal", "grp-equal")]
+    assert stats.dropped[0].detail.startswith("task grp-equal: every usable session has reward 1.0")
+    assert pulled in (list(plans)[:5], list(plans)[:6]) and stats.submitted == pulled
+    assert sorted(stats.cancelled) == [task_id for task_id in pulled if "hang" in task_id]
+    assert states == ["cancelled"] * len(stats.cancelled)
+    assert not stats.source_exhausted and stats.usable == 2 and stats.unused == []
+
+
+def test_the_groups_snippet_of_the_docs_runs(served: Served, tmp_path: Path) -> None:
+    [snippet] = [b for b in code_blocks(ROOT / "docs" / "service.md")
+                 if b.tested_by == "tests/client/test_groups.py::test_the_groups_snippet_of_the_docs_runs"]  # fmt: skip
+    trained: list[tuple[str, list[float]]] = []
+
+    def prompts(step: int) -> Iterator[TaskRequest]:  # endless: alternately all equal and mixed
+        for n in itertools.count():
+            plan = ["pass", "pass"] if n % 2 == 0 else ["fail", "pass"]
+            yield planned(f"grp-doc-{step}-{n}", plan, tmp_path, group_id=f"prompt-{n}", rollout_step=step)
+
+    def train_on(group: Group, advantages: list[float]) -> None:
+        trained.append((group.task_id, advantages))
+
+    scope: dict[str, Any] = {"url": served.url, "token": served.token, "step": 5, "prompts": prompts,
+                             "train_on": train_on}  # fmt: skip
+    exec(snippet.text, scope)
+    stats: GroupStats = scope["stats"]
+    assert len(trained) == 2 and all(int(task_id.rsplit("-", 1)[1]) % 2 for task_id, _ in trained)  # the mixed ones
+    assert all(sorted(advantages) == [-0.5, 0.5] for _, advantages in trained)
+    assert stats.usable == 2 and set(stats.dropped_by_reason()) <= {"all_equal"}
+    assert all(int(drop.group.task_id.rsplit("-", 1)[1]) % 2 == 0 for drop in stats.dropped)
+    assert stats.submitted == [f"grp-doc-5-{n}" for n in range(len(stats.submitted))]
+    assert all(task_id not in stats.cancelled for task_id, _ in trained)
