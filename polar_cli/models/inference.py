@@ -25,6 +25,10 @@ LogprobsMode = Literal["raw", "processed"]
 default ``raw_logprobs``) or ``processed`` (the distribution actually sampled from: ``processed_logprobs``)."""
 
 INITIAL_POLICY_VERSION = 1
+MAX_POLICY_VERSION = 2**53
+"""Versions are whole numbers in 0..2**53: every JSON reader (and the journal's 64-bit ints) holds them exactly."""
+MAX_CONTROL_TIMEOUT_S = 86_400.0
+"""The longest a pause, a drain or a weight load may be told to wait (a day)."""
 """The policy version a fresh rollout server (and a gateway not yet told otherwise) samples under."""
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
 from polar_cli.ids import SessionId
 from polar_cli.models.base import StrictModel
-from polar_cli.models.inference import PauseMode
+from polar_cli.models.inference import MAX_CONTROL_TIMEOUT_S, MAX_POLICY_VERSION, PauseMode
 from polar_cli.models.session import SessionResult
 from polar_cli.models.task import TaskRequest
 
@@ -106,21 +106,26 @@ class PauseBody(StrictModel):
     """``POST /inference/pause``: hold new model calls at the proxy; ``wait``: return when no call is in flight."""
 
     mode: PauseMode = "wait"
-    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0)
+    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0, le=MAX_CONTROL_TIMEOUT_S)
 
 
 class ResumeBody(StrictModel):
     """``POST /inference/resume``: calls held go on, sampled under ``policy_version`` (default: the current one + 1
     on the server; a gateway is always told the number)."""
 
-    policy_version: int | None = None
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
 
 
 class BackendBody(StrictModel):
     """``POST /inference/backends`` (add a replica) and ``DELETE /inference/backends`` (remove: drain, then drop)."""
 
     url: str = Field(min_length=1, max_length=2000)
-    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0, description="remove: how long its calls may take to end")
+    timeout_s: float = Field(
+        default=PAUSE_TIMEOUT_S,
+        gt=0,
+        le=MAX_CONTROL_TIMEOUT_S,
+        description="remove: how long its calls may take to end",
+    )
 
 
 class LoadWeightsBody(StrictModel):
@@ -128,8 +133,10 @@ class LoadWeightsBody(StrictModel):
     the inference servers' machines) with the server's own mechanism, the version is set, the pool resumes."""
 
     path: str = Field(min_length=1, max_length=4096)
-    policy_version: int | None = None
-    timeout_s: float = Field(default=PAUSE_TIMEOUT_S, gt=0, description="bound on the pause and on each reload")
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
+    timeout_s: float = Field(
+        default=PAUSE_TIMEOUT_S, gt=0, le=MAX_CONTROL_TIMEOUT_S, description="bound on the pause and on each reload"
+    )
     urls: list[str] | None = Field(
         default=None, description="gateway only: reload just these replicas (the server has each replica reloaded once)"
     )
@@ -139,7 +146,7 @@ class CancelStaleBody(StrictModel):
     """``POST /inference/cancel_stale``: cancel (status ``stale``) every running session whose oldest completion was
     sampled under a version older than ``older_than`` (default: the current version)."""
 
-    older_than: int | None = None
+    older_than: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
 
 
 class CancelStaleAnswer(BaseModel):
@@ -171,7 +178,7 @@ class RegisterAnswer(BaseModel):
 
     node_id: str
     heartbeat_interval_s: float
-    policy_version: int | None = None
+    policy_version: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
     paused: PauseMode | None = None
 
 

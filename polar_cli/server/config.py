@@ -8,7 +8,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 from polar_cli.backoff import Backoff
 from polar_cli.models import StrictModel
-from polar_cli.models.inference import INITIAL_POLICY_VERSION
+from polar_cli.models.inference import INITIAL_POLICY_VERSION, MAX_POLICY_VERSION
 
 DB_NAME = "server.db"
 
@@ -32,7 +32,10 @@ class ServerConfig(StrictModel):
     dispatch_timeout_s: PositiveFloat = Field(default=30.0, description="timeout of one call to a gateway")
     callbacks: Backoff = Field(default_factory=Backoff, description="retries of the trainer's callback_url")
     initial_policy_version: int = Field(
-        default=INITIAL_POLICY_VERSION, description="the policy version of a fresh data dir (a restart keeps its own)"
+        default=INITIAL_POLICY_VERSION,
+        ge=0,
+        le=MAX_POLICY_VERSION,
+        description="the policy version of a fresh data dir (a restart keeps its own)",
     )
 
     @property

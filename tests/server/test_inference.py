@@ -360,6 +360,10 @@ def test_the_inference_routes_need_the_token_and_refuse_bad_bodies(tmp_path: Pat
                 ("/inference/pause", {"timeout_s": 0}, "timeout_s"),
                 ("/inference/pause", {"mode": "wait", "extra": 1}, "unknown field 'extra'"),
                 ("/inference/resume", {"policy_version": "two"}, "policy_version"),
+                ("/inference/resume", {"policy_version": 10**30}, "policy_version"),  # past what JSON holds exactly
+                ("/inference/resume", {"policy_version": -1}, "policy_version"),
+                ("/inference/pause", {"timeout_s": 1e12}, "timeout_s"),
+                ("/inference/cancel_stale", {"older_than": 2**64}, "older_than"),
                 ("/inference/load_weights", {}, "path"),
                 ("/inference/backends", {"timeout_s": 3}, "url"),
                 ("/inference/cancel_stale", [1], "CancelStaleBody"),
