@@ -64,3 +64,18 @@ def test_a_bad_backend_option_names_its_field_before_anything_starts(command: li
     )
     assert result.returncode == 2, result.stderr
     assert f"{field}: Input should be greater than 0" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_backend_url_repeated_is_a_pool_of_replicas() -> None:
+    config = proxy_config(proxy_overrides(backend="vllm", backend_url=["http://a:1", "http://b:2/v1"]), source="t")
+    assert config.backend_urls() == ["http://a:1", "http://b:2/v1"]
+    assert config.backend_config("http://b:2/v1", pooled=True)["retry"].attempts == 1  # the pool retries itself
+    one = proxy_config(proxy_overrides(backend="vllm", backend_url=["http://a:1"]), source="t")
+    assert one.backend_url == "http://a:1" and one.backend_urls() == ["http://a:1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "polar_cli", "proxy", "--backend", "vllm", "--backend-url", "http://a:1",
+         "--backend-url", "http://a:1", "--port", "0"],
+        capture_output=True, text=True, env={**os.environ, "POLAR_LOAD_PLUGINS": ""}, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "the same backend URL is given twice" in result.stderr and "Traceback" not in result.stderr
