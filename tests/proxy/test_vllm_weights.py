@@ -100,7 +100,7 @@ def test_reload_weights_changes_the_logprobs_and_loading_the_original_brings_the
 def test_a_keep_mode_pause_freezes_a_call_in_flight_which_finishes_under_the_new_weights(
     vllm_url: str, vllm_model_dir: Path, other_weights: Path
 ) -> None:
-    tokens = 600
+    tokens = 2000  # long enough that the pause lands mid-call on a fast, idle machine too (about 10 s here)
     long_call = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens,
                  "ignore_eos": True, "temperature": 0, "return_token_ids": True, "stream": True}  # fmt: skip
 
@@ -120,7 +120,7 @@ def test_a_keep_mode_pause_freezes_a_call_in_flight_which_finishes_under_the_new
 
     async def work(client: VllmClient) -> tuple[bool, bool, int, int]:
         call.start()
-        while len(answer) < 20:  # the call is sampling
+        while len(answer) < 5:  # the call is sampling
             await asyncio.sleep(0.01)
         paused = await client.pause_generation(30)
         frozen = is_paused()
