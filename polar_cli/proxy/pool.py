@@ -236,7 +236,7 @@ class InferencePool(BackendClient):
 
     async def resume(self, policy_version: int | None = None) -> PoolStatus:
         """Calls held at the proxy go on, sampled under ``policy_version`` (None: the current version + 1)."""
-        await self._set_version(self._version + 1 if policy_version is None else policy_version)
+        self._set_version(self._version + 1 if policy_version is None else policy_version)
         await self._thaw()
         self._paused = None
         self._open.set()
@@ -244,7 +244,7 @@ class InferencePool(BackendClient):
 
     async def sync(self, policy_version: int, paused: PauseMode | None) -> PoolStatus:
         """Take on the rollout server's state (when a gateway registers): its version, and whether it is paused."""
-        await self._set_version(policy_version)
+        self._set_version(policy_version)
         if paused is None:
             await self._thaw()
             self._paused = None
@@ -511,7 +511,7 @@ class InferencePool(BackendClient):
 
     # ---- versions and the servers' own pause ----------------------------------------------------------------------
 
-    async def _set_version(self, version: int) -> None:
+    def _set_version(self, version: int) -> None:
         if version != self._version:
             for replica in self._replicas:
                 for flight in replica.flights:
