@@ -288,7 +288,7 @@ def build_demo_model(out_dir: str | Path, seed: int = SEED) -> Path:
         pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model = Qwen2ForCausalLM(config).float().eval()
     model.save_pretrained(str(out), safe_serialization=True)
     # save_pretrained rewrites generation_config.json (with its own defaults); keep ours minimal and explicit.
     _write_generation_config(out, eos_id=eos_id, pad_id=pad_id)

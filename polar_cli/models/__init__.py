@@ -26,13 +26,22 @@ from polar_cli.models.task import (
     SamplingSpec,
     TaskRequest,
 )
-from polar_cli.models.trace import PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
+from polar_cli.models.trace import (
+    ChainRole,
+    PolicyVersions,
+    RewardAssignment,
+    TokenLogprob,
+    Trace,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 __all__ = [
     "TERMINAL_TASK_STATES",
     "TRAINER_CALLBACK",
     "AgentSpec",
     "BuilderSpec",
+    "ChainRole",
     "Completion",
     "EvaluatorSpec",
     "GatewayPool",
@@ -43,6 +52,7 @@ __all__ = [
     "PolicyVersions",
     "PrepareAction",
     "Provider",
+    "RewardAssignment",
     "RuntimeSpec",
     "SamplingSpec",
     "ServiceStatus",

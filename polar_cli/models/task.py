@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from polar_cli.models.base import StrictModel
+from polar_cli.models.trace import RewardAssignment
 
 SCRIPT_KEY = "script"
 """``metadata.script``: the scripted backend's per-session script (an inline list of turns). It plays the model; it
@@ -100,6 +101,11 @@ class EvaluatorSpec(StrictModel):
     refresh_runtime: bool = False
     timeout_seconds: float | None = None
     config: dict[str, Any] = Field(default_factory=dict)
+    reward_to: RewardAssignment = Field(
+        default="main+subagents",
+        description="which traces of a session receive its reward: main, main+subagents, or all (side traces too); "
+        "the others keep reward None and trainable False",
+    )
 
 
 def new_task_id() -> str:

@@ -47,6 +47,16 @@ class PolicyVersions(BaseModel):
     )
 
 
+ChainRole = Literal["main", "subagent", "side"]
+"""Who a trace's tokens served (docs/builders.md, "Chain roles"): ``main`` the session's own conversation,
+``subagent`` a conversation the main agent started to do part of the task (a Task/sub-agent tool), ``side`` calls the
+harness makes for itself (a title, a memory or summary agent), which the task's outcome does not judge."""
+
+RewardAssignment = Literal["main", "main+subagents", "all"]
+"""Which traces of a session receive its reward (``EvaluatorSpec.reward_to``); the others keep ``reward`` None and
+``trainable`` False."""
+
+
 class Trace(BaseModel):
     """One training sequence: prompt, response tokens and a loss mask over them.
 
@@ -67,6 +77,13 @@ class Trace(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     policy_versions: PolicyVersions | None = None
     """The versions its completions were sampled under; None when none recorded one (e.g. traces of older Polar)."""
+    role: ChainRole | None = None
+    """Whose tokens these are; None on traces built before roles existed."""
+    role_reason: str | None = None
+    """The evidence the role was decided on, in words (e.g. "the session's first chain", "a title call")."""
+    trainable: bool = True
+    """False when the task's reward assignment gives this trace no reward (by default: ``side`` traces): kept for
+    inspection, but a trainer adapter must not train on it."""
 
     @model_validator(mode="after")
     def _invariants(self) -> Trace:
@@ -94,10 +111,12 @@ class Trace(BaseModel):
         return sum(self.loss_mask)
 
 
-TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled", "stale"]
+TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled", "stale", "no_model_call"]
 """How a session ended. ``stale``: cancelled because its oldest completion fell more than the task's
 ``max_staleness`` versions behind the current policy version (or by ``cancel_stale``); final, never re-dispatched,
-and its partial traces are kept, as a cancelled session's are."""
+and its partial traces are kept, as a cancelled session's are. ``no_model_call``: the harness ran (to its end, its
+deadline or an error) without a single model call reaching the proxy (it bypassed the base URL, or never started):
+never a training sample, and ``error`` names the cause."""
 
 
 class Trajectory(BaseModel):
