@@ -33,7 +33,7 @@ from polar_cli.models.task import without_script
 
 SessionCause = Literal["not_completed", "no_model_call", "no_trainable_token", "no_reward"]
 GroupDropReason = Literal["too_few_usable", "stale", "all_equal"]
-RAN = frozenset({"completed", "timeout", "error"})
+RAN = frozenset({"completed", "timeout", "error", "no_model_call"})
 """Statuses of a session that ran to its end (not cancelled, not stale)."""
 
 
@@ -130,6 +130,8 @@ def captured_nothing(result: SessionResult) -> bool:
 
 def session_cause(result: SessionResult) -> tuple[SessionCause, str] | None:
     """Why ``result`` is not a usable sample (its cause and a sentence), or None when it is."""
+    if result.status == "no_model_call":
+        return "no_model_call", result.error or "not one model call reached the proxy"
     if result.status != "completed":
         detail = f"status {result.status}" + (f": {result.error}" if result.error else "")
         return "not_completed", detail + (" (no model call captured)" if captured_nothing(result) else "")

@@ -31,6 +31,7 @@ STATUS_STYLE = {
     "failed": "red",
     "cancelled": "magenta",
     "stale": "magenta",
+    "no_model_call": "red",
 }
 
 
@@ -209,7 +210,7 @@ def run(
         )  # fmt: skip
         raise typer.Exit(interrupted.exit_code)
     console.print(f"{where}; journals: {data_dir / 'journal'}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(1 if any(r.status == "error" for r in results) else 0)
+    raise typer.Exit(1 if any(r.status in ("error", "no_model_call") for r in results) else 0)
 
 
 def register(app: typer.Typer) -> None:

@@ -123,6 +123,9 @@ class SessionJob:
     outcome: RunOutcome | None = None
     completions: list[Completion] | None = None
     """What the proxy captured, once POSTRUN (or a salvage) collected it: kept even when the build then fails."""
+    model_requests: int | None = None
+    """How many model requests of the harness reached the proxy (recorded or not), set with ``completions``; None
+    where the driver cannot tell."""
     built: Built | None = None
     evaluation: EvaluationResult | None = None
     result: SessionResult | None = None

@@ -9,7 +9,8 @@
 Slow runtime starts and long evaluations happen in their own pools, so a run slot only ever runs a harness. Every
 session ends with exactly one SessionResult, written to the ResultStore before waiters and callbacks hear of it:
 ``completed``, ``timeout`` (the agent deadline passed; what it captured is still built and evaluated), ``error`` (a
-stage failed; teardown still runs), ``cancelled`` (:meth:`StagedPipeline.cancel`, in any stage: the runtime is torn
+stage failed; teardown still runs), ``no_model_call`` (the harness ran but not one model call reached the proxy:
+nothing to evaluate or train on), ``cancelled`` (:meth:`StagedPipeline.cancel`, in any stage: the runtime is torn
 down at once, without waiting for a worker) or ``stale`` (cancelled the same way because it sampled under weights too
 old: ``cancel(..., status="stale")``).
 """
@@ -53,6 +54,16 @@ def describe(exc: BaseException) -> str:
 
 def _join(*messages: str | None) -> str | None:
     return "; ".join(m for m in messages if m) or None
+
+
+def no_model_call_cause(outcome: RunOutcome) -> str:
+    """Why a session that ran produced nothing to train on, in words a user can act on."""
+    how = {"completed": "exited", "timeout": "ran out of time", "error": "failed"}.get(outcome.status, outcome.status)
+    return (
+        f"the harness {how} without a single model call reaching Polar's proxy: it bypassed the base URL it was "
+        "given (check the adapter's configuration and the harness's own settings), or failed before its first call "
+        "(see harness_stderr)"
+    )
 
 
 def _deadline_in(seconds: float | None) -> float | None:
@@ -331,18 +342,13 @@ class StagedPipeline:
         try:
             built = await self._step(job, self._build(job, outcome))
             job.mark("build_finished")
-            budget = job.budget.evaluation_seconds
-            deadline = _deadline_in(budget)
-            try:
-                evaluation = await self._step(job, self.driver.evaluate(job, outcome, built, deadline), deadline)
-                job.built = Built(evaluation.apply(built.trajectory), built.completions)
-                job.evaluation = evaluation
-            except _OverBudget:
-                status, error = "error", _join(error, f"evaluation exceeded its budget of {budget:g} s")
-            except _JobCancelled:
-                raise
-            except Exception as exc:
-                status, error = "error", _join(error, f"evaluation failed: {describe(exc)}")
+            if not built.completions and not job.model_requests:  # nothing to evaluate or train on
+                status, error = "no_model_call", _join(no_model_call_cause(outcome), error)
+            else:
+                if not built.completions:  # it reached the proxy and every call failed: the harness's ending says more
+                    error = _join(error, f"{job.model_requests} model request(s) reached the proxy and none was "
+                                         "recorded (each failed: see the gateway's log)")  # fmt: skip
+                status, error = await self._evaluate(job, outcome, built, status, error)
             job.mark("evaluate_finished")
         except _JobCancelled:
             self._spawn(self._conclude(job, job.cancel_status, job.cancel_reason, immediate=True, salvage=True))
@@ -350,6 +356,24 @@ class StagedPipeline:
         except Exception as exc:
             status, error = "error", _join(error, f"build failed: {describe(exc)}")
         await self._conclude(job, status, error, immediate=False)
+
+    async def _evaluate(
+        self, job: SessionJob, outcome: RunOutcome, built: Built, status: TrajectoryStatus, error: str | None
+    ) -> tuple[TrajectoryStatus, str | None]:
+        """Score the built trajectory within the evaluation budget; the session's status and error after it."""
+        budget = job.budget.evaluation_seconds
+        deadline = _deadline_in(budget)
+        try:
+            evaluation = await self._step(job, self.driver.evaluate(job, outcome, built, deadline), deadline)
+        except _OverBudget:
+            return "error", _join(error, f"evaluation exceeded its budget of {budget:g} s")
+        except _JobCancelled:
+            raise
+        except Exception as exc:
+            return "error", _join(error, f"evaluation failed: {describe(exc)}")
+        job.built = Built(evaluation.apply(built.trajectory), built.completions)
+        job.evaluation = evaluation
+        return status, error
 
     async def _build(self, job: SessionJob, outcome: RunOutcome) -> Built:
         """Collect what the session captured (kept in ``job.completions`` whatever the build does), then build."""

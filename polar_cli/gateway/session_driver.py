@@ -118,7 +118,7 @@ class GatewaySessionDriver:
             return
         resources.captured = self.proxy.get_completions(job.session_id)
         with contextlib.suppress(SessionError):
-            await self.proxy.close_session(job.session_id)
+            job.model_requests = (await self.proxy.close_session(job.session_id)).model_requests
 
     async def collect(self, job: SessionJob) -> list[Completion]:
         await self._close_proxy_session(job)

@@ -44,3 +44,6 @@ class TaskStatus(BaseModel):
     results: list[SessionResult] = Field(default_factory=list)
     created_at: float | None = None
     updated_at: float | None = None
+    error: str | None = Field(
+        default=None, description="why a failed task failed, where one cause explains it (every session no_model_call)"
+    )

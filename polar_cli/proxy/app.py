@@ -117,6 +117,8 @@ class ProxyHandler:
             if found.kind == "unknown":
                 where = f"{request.method[:40]} {found.route.path[:200]}"
                 return provider_error(codec, 404, f"no such endpoint: {where}")
+            if found.kind != "count_tokens":
+                session.model_requests += 1
             body, raw = await read_object(request)
             if found.kind == "count_tokens":
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))

@@ -92,6 +92,9 @@ class Session:
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
     sampling: SamplingSpec | None = None
     """Forced onto every model call of the session (its task's ``agent.sampling``)."""
+    model_requests: int = 0
+    """Generation requests the harness sent (authenticated), recorded or refused: tells a harness that never reached
+    the proxy from one whose every call failed."""
     oldest_version: int | None = None
     """The oldest policy version its recorded completions were sampled under (None: none recorded one yet): what
     staleness is judged by, kept as calls are recorded so that nobody re-reads the journal for it."""

@@ -340,8 +340,17 @@ class SQLiteStore:
             rows = db.execute(
                 f"SELECT {columns} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
             ).fetchall()
-            completed, failed = self._outcomes(task_id)
+            counts = self._status_counts(task_id)
+        completed = counts.get("completed", 0)
+        failed = sum(counts.values()) - completed
         results = [SessionResult.model_validate_json(r["result"]) for r in rows if r["result"] is not None]
+        error = None
+        if task["state"] == "failed" and set(counts) == {"no_model_call"}:
+            error = (
+                f"not one of its {failed} sessions made a model call through Polar's proxy (status no_model_call): "
+                "the harness bypassed the base URL it was given or failed before its first call; see each "
+                "session's error and harness_stderr"
+            )
         return TaskStatus(
             task_id=task_id,
             state=task["state"],
@@ -352,15 +361,20 @@ class SQLiteStore:
             results=results,
             created_at=task["created_at"],
             updated_at=task["updated_at"],
+            error=error,
         )
 
-    def _outcomes(self, task_id: str) -> tuple[int, int]:
+    def _status_counts(self, task_id: str) -> dict[str, int]:
+        """How many of the task's finished sessions ended with each status."""
         rows = self._db.execute(
             "SELECT json_extract(result, '$.status') AS status, COUNT(*) AS n FROM sessions "
             "WHERE task_id = ? AND state = 'finished' GROUP BY status",
             (task_id,),
         ).fetchall()
-        counts = {r["status"]: r["n"] for r in rows}
+        return {r["status"]: r["n"] for r in rows}
+
+    def _outcomes(self, task_id: str) -> tuple[int, int]:
+        counts = self._status_counts(task_id)
         completed = counts.pop("completed", 0)
         return completed, sum(counts.values())
 

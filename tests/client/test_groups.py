@@ -284,9 +284,9 @@ def test_groups_come_complete_as_tasks_end_and_unusable_ones_are_dropped(served:
         complete(group)
     first, second = seen
     assert (first.group_id, first.rollout_step, sorted(first.rewards)) == (7, None, [0.0, 1.0])
-    assert [(d.cause, d.detail) for d in first.dropped] == [
-        ("no_model_call", "completed without a single model call through the proxy")
-    ]
+    [nothing] = first.dropped
+    assert (nothing.cause, nothing.result.status, nothing.result.reward) == ("no_model_call", "no_model_call", None)
+    assert nothing.detail.startswith("the harness exited without a single model call reaching Polar's proxy")
     assert (second.group_id, second.rollout_step, sorted(second.rewards), second.dropped) == (
         "g-slow",
         3,
@@ -317,10 +317,15 @@ def test_a_task_whose_sessions_never_called_the_model_fails_loudly(served: Serve
     stats = GroupStats()
     with PolarClient(served.url, served.token) as client:
         with pytest.raises(PolarError, match=r"task grp-nothing: not one of its 2 sessions captured a model call "
-                           r"\(2 completed\): the harness never reached Polar's proxy"):  # fmt: skip
+                           r"\(2 no_model_call\): the harness never reached Polar's proxy"):  # fmt: skip
             list(client.groups([hang, nothing], stats=stats, poll_interval=0.2))
         assert stats.cancelled == ["grp-hang"]  # what it had submitted and still ran is cancelled on the way out
         assert client.wait("grp-hang", timeout=30).state == "cancelled"
+        failed = client.status("grp-nothing")
+    assert (failed.state, failed.completed, failed.failed) == ("failed", 0, 2)
+    assert failed.error is not None and failed.error.startswith("not one of its 2 sessions made a model call")
+    assert {r.status for r in failed.results} == {"no_model_call"}
+    assert all(r.error and "bypassed the base URL" in r.error for r in failed.results)
 
 
 def test_a_group_beyond_the_staleness_bound_is_dropped(served: Served, tmp_path: Path) -> None:
