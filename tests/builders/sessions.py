@@ -28,68 +28,18 @@ DROP_REASONING_TEMPLATE = CHAT_TEMPLATE.replace(
 assert DROP_REASONING_TEMPLATE.count("ns.last_user") == 2
 
 WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "file",
-    "test",
-    "patch",
-    "error",
-    "value",
-    "config",
-    "server",
-    "module",
-    "function",
-    "result",
-    "check",
-    "update",
-    "read",
-    "write",
-    "build",
-    "run",
-    "parse",
-    "token",
-    "model",
-    "request",
-    "response",
-    "fix",
-    "issue",
-    "line",
-    "path",
-    "list",
-    "data",
-    "item",
-    "cache",
-    "index",
-    "query",
+    "alpha", "beta", "gamma", "delta", "file", "test", "patch", "error", "value", "config", "server", "module",
+    "function", "result", "check", "update", "read", "write", "build", "run", "parse", "token", "model", "request",
+    "response", "fix", "issue", "line", "path", "list", "data", "item", "cache", "index", "query",
 ]
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "run",
-            "description": "Run a shell command.",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "task",
-            "description": "Start a sub-agent.",
-            "parameters": {"type": "object", "properties": {"goal": {"type": "string"}}},
-        },
-    },
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "run", "description": "Run a shell command.",
+                                      "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "task", "description": "Start a sub-agent.",
+                                      "parameters": {"type": "object", "properties": {"goal": {"type": "string"}}}}},
 ]
 
 
@@ -123,22 +73,13 @@ class Simulator:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, tokenize: bool) -> Any:
         return self.tok.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=self.template,
-            add_generation_prompt=True,
-            tokenize=tokenize,
+            messages, tools=tools, chat_template=self.template, add_generation_prompt=True, tokenize=tokenize,
             return_dict=False,
         )
 
     def call(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        turn: Turn,
-        *,
-        parent: Completion | None,
-        agent: str,
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, turn: Turn, *,
+        parent: Completion | None, agent: str,
     ) -> tuple[Completion, dict[str, Any]]:
         """One model call; returns the completion and the assistant message the harness appends to its history."""
         index = len(self.completions)
@@ -152,13 +93,8 @@ class Simulator:
                 text += "\n"
             emitted = json.dumps(args, separators=(",", ":")) if turn.compact_json else json.dumps(args)
             text += '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": ' + emitted + "}\n</tool_call>"
-            calls.append(
-                {
-                    "id": f"call_{index}_{i}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
-                }
-            )
+            calls.append({"id": f"call_{index}_{i}", "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(args)}})
         ids = [*self.tok.encode(text, add_special_tokens=False), self.eot]
         finish = "tool_calls" if calls else "stop"
         message: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
@@ -204,10 +140,8 @@ class Simulator:
             cid = c.completion_id
             parent = self.parent[cid]
             text, before = self.prompt_text[cid], self.prompt_text.get(parent or "", "")
-            if (
-                parent is not None
-                and chains[chain_of[parent]][-1] == parent
-                and (len(text) > len(before) and text.startswith(before))
+            if parent is not None and chains[chain_of[parent]][-1] == parent and (
+                len(text) > len(before) and text.startswith(before)
             ):
                 chain_of[cid] = chain_of[parent]
                 chains[chain_of[cid]].append(cid)
@@ -288,11 +222,8 @@ def play(sim: Simulator, steps: list[Step]) -> list[Completion]:
             if kind == "text":
                 turn = Turn(content=content())
             elif kind == "tools":
-                turn = Turn(
-                    content=content() if sim.rng.random() < 0.5 else "",
-                    tool_calls=tool_calls(step[1]),
-                    compact_json=step[2],
-                )
+                turn = Turn(content=content() if sim.rng.random() < 0.5 else "", tool_calls=tool_calls(step[1]),
+                            compact_json=step[2])
             elif kind == "reasoning_tools":
                 turn = Turn(reasoning=content("Thinking"), tool_calls=tool_calls(1), compact_json=step[1])
             elif kind == "reasoning_text":

@@ -12,17 +12,11 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "run", "argumen
 
 
 def test_messages_compare_as_harnesses_replay_them() -> None:
-    sampled = {
-        "role": "assistant",
-        "content": "<think>\nhmm\n</think>\n\nOK ",
-        "reasoning_content": "hmm",
-        "tool_calls": [CALL],
-    }
-    replayed = {
-        "role": "assistant",
-        "content": [{"type": "text", "text": "OK"}],
-        "tool_calls": [{"id": "other", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}],
-    }
+    sampled = {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nOK ", "reasoning_content": "hmm",
+               "tool_calls": [CALL]}
+    replayed = {"role": "assistant", "content": [{"type": "text", "text": "OK"}],
+                "tool_calls": [{"id": "other", "type": "function",
+                                "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}]}
     assert normalized(sampled) == normalized(replayed)
     first = completion(0, P, [310, IM_END], messages=TASK, answer=sampled)
     # text and tool call split into two assistant messages, as some harnesses send them
@@ -36,12 +30,8 @@ def test_messages_compare_as_harnesses_replay_them() -> None:
 def test_without_contrary_evidence_the_prefix_rule_holds() -> None:
     """A harness that reshapes the replayed message beyond recognition still gets one chain (no sibling to blame)."""
     a = completion(0, P, [310, IM_END], messages=TASK, answer={"role": "assistant", "content": "A"})
-    b = completion(
-        1,
-        [*P, 399, IM_END, *user_turn(5), *GEN],
-        [330, IM_END],
-        messages=[*TASK, {"role": "assistant", "content": "A, reworded"}, {"role": "user", "content": "5"}],
-    )
+    b = completion(1, [*P, 399, IM_END, *user_turn(5), *GEN], [330, IM_END],
+                   messages=[*TASK, {"role": "assistant", "content": "A, reworded"}, {"role": "user", "content": "5"}])
     assert continues(a, b, frozenset([IM_END]), lambda: [a])
     traj = build_trajectory("prefix_merging", [a, b], eos_token_id=IM_END)
     assert traj.metadata["chains"] == 1 and verify(traj, [a, b]).ok
@@ -51,12 +41,8 @@ def test_a_sibling_replayed_by_message_only_blocks_the_merge() -> None:
     """Re-serialized history (no token evidence for anyone): the replayed message names the branch."""
     a = completion(0, P, [310, IM_END], messages=TASK, answer={"role": "assistant", "content": "A"})
     b = completion(1, P, [320, IM_END], messages=TASK, answer={"role": "assistant", "content": "B"})
-    c = completion(
-        2,
-        [*P, 399, IM_END, *user_turn(5), *GEN],
-        [330, IM_END],
-        messages=[*TASK, {"role": "assistant", "content": "A"}, {"role": "user", "content": "5"}],
-    )
+    c = completion(2, [*P, 399, IM_END, *user_turn(5), *GEN], [330, IM_END],
+                   messages=[*TASK, {"role": "assistant", "content": "A"}, {"role": "user", "content": "5"}])
     assert continues(a, c, frozenset([IM_END]), lambda: [a, b])
     assert not continues(b, c, frozenset([IM_END]), lambda: [a, b])
     traj = build_trajectory("prefix_merging", [a, b, c], eos_token_id=IM_END)

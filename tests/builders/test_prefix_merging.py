@@ -40,16 +40,8 @@ def test_three_turn_session_merges_into_one_hand_checked_trace() -> None:
     entries = trace.response_logprobs
     assert entries is not None
     trained = [(e["token_id"], e["logprob"]) for e, m in zip(entries, trace.loss_mask, strict=True) if m]
-    assert trained == [
-        (300, -0.1),
-        (301, -0.2),
-        (302, -0.3),
-        (IM_END, -0.01),
-        (310, -1.0),
-        (311, -1.1),
-        (320, -2.0),
-        (IM_END, -0.02),
-    ]
+    assert trained == [(300, -0.1), (301, -0.2), (302, -0.3), (IM_END, -0.01), (310, -1.0), (311, -1.1),
+                       (320, -2.0), (IM_END, -0.02)]
     masked = [e for e, m in zip(entries, trace.loss_mask, strict=True) if not m]
     assert all(e == {"token": None, "token_id": e["token_id"], "logprob": 0.0} for e in masked)
     assert {tuple(e) for e in entries} == {("token", "token_id", "logprob")}  # one shape, masked or not
@@ -72,9 +64,8 @@ def test_paper_appendix_trace_validates_and_our_trace_has_its_shape() -> None:
 
     assert verify(Trajectory(status="completed", traces=[paper]), [sampled]).ok
 
-    follow = completion(
-        1, [*paper.prompt_ids, 785, 10042, IM_END, NLNL, IM_START, USER, NL, 9707, IM_END, NL, *GEN], [1, IM_END]
-    )
+    follow = completion(1, [*paper.prompt_ids, 785, 10042, IM_END, NLNL, IM_START, USER, NL, 9707, IM_END, NL, *GEN],
+                        [1, IM_END])
     context = BuildContext(session_id="session-123", task_id="polar-swegym-0001", harness="codex")
     ours = build_trajectory("prefix_merging", [sampled, follow], eos_token_id=IM_END, context=context).traces[0]
     n = len(paper.response_ids)
@@ -141,12 +132,8 @@ def test_parallel_branches_tie_break_and_longest_match() -> None:
         completion(0, p, a, messages=history, answer={"role": "assistant", "content": "A"}),
         completion(1, p, b, messages=history, answer=ans),
         # continues branch B (the later one): ties with A's chain on prompt length, wins on evidence
-        completion(
-            2,
-            q := [*p, 320, IM_END, NL, *user_turn(5), *GEN],
-            [330, IM_END],
-            messages=[*history, ans, {"role": "user", "content": "5"}],
-        ),
+        completion(2, q := [*p, 320, IM_END, NL, *user_turn(5), *GEN], [330, IM_END],
+                   messages=[*history, ans, {"role": "user", "content": "5"}]),
         # extends both chain 0's last prompt (p) and chain 1's (q): the longest wins
         completion(3, [*q, 330, IM_END, NL, *user_turn(6), *GEN], [340, IM_END]),
     ]
@@ -264,17 +251,10 @@ def test_an_empty_response_keeps_the_template_close_untrained() -> None:
     p1 = [*SYSTEM, *user_turn(200), *GEN]
     p2 = [*p1, IM_END, NL, *user_turn(7), *GEN]  # the template closes the empty turn
     p3 = [*p2, 320, IM_END, NL, *user_turn(8), *GEN]
-    comps = [
-        completion(0, p1, [], logprobs=[], finish="length"),
-        completion(1, p2, [320, IM_END]),
-        completion(2, p3, [330, IM_END]),
-    ]
+    comps = [completion(0, p1, [], logprobs=[], finish="length"), completion(1, p2, [320, IM_END]),
+             completion(2, p3, [330, IM_END])]
     traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
     (trace,) = traj.traces
-    assert decode_spans(trace) == [
-        (0, [IM_END, NL, *user_turn(7), *GEN]),
-        (1, [320, IM_END]),
-        (0, [NL, *user_turn(8), *GEN]),
-        (1, [330, IM_END]),
-    ]
+    assert decode_spans(trace) == [(0, [IM_END, NL, *user_turn(7), *GEN]), (1, [320, IM_END]),
+                                   (0, [NL, *user_turn(8), *GEN]), (1, [330, IM_END])]
     assert verify(traj, comps).ok

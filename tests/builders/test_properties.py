@@ -33,18 +33,9 @@ STEPS = st.one_of(
     st.just(("compaction",)),
 )
 EVERYTHING: list[Step] = [
-    ("tools", 1, True),
-    ("reasoning_tools", False),
-    ("text",),
-    ("branch", 3, 1),
-    ("subagents", 2, 2, True),
-    ("truncated", 0.5),
-    ("compaction",),
-    ("tools", 2, False),
-    ("reasoning_text",),
-    ("reasoning_tools", True),
-    ("subagents", 3, 2, False),
-    ("text",),
+    ("tools", 1, True), ("reasoning_tools", False), ("text",), ("branch", 3, 1), ("subagents", 2, 2, True),
+    ("truncated", 0.5), ("compaction",), ("tools", 2, False), ("reasoning_text",), ("reasoning_tools", True),
+    ("subagents", 3, 2, False), ("text",),
 ]
 
 

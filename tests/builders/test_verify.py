@@ -129,28 +129,20 @@ def test_a_merge_onto_a_sibling_branch_is_caught() -> None:
     comps = [
         completion(0, p, [310, IM_END], answer=first),
         completion(1, p, [320, IM_END], answer={"role": "assistant", "content": "B"}),
-        completion(
-            2,
-            [*p, 310, IM_END, *user_turn(5), *GEN],
-            [330, IM_END],
-            messages=[SYSTEM_MESSAGE, {"role": "user", "content": "turn 0"}, first, {"role": "user", "content": "5"}],
-        ),
+        completion(2, [*p, 310, IM_END, *user_turn(5), *GEN], [330, IM_END],
+                   messages=[SYSTEM_MESSAGE, {"role": "user", "content": "turn 0"}, first,
+                             {"role": "user", "content": "5"}]),
     ]
     good = merged(comps)
     assert [t.metadata["completion_ids"] for t in good.traces] == [["c0", "c2"], ["c1"]]
     assert verify(good, comps).ok
     u = [*user_turn(5), *GEN]
     lp = [c.response_logprobs or [] for c in comps]
-    alone = Trace(
-        prompt_ids=p, response_ids=[310, IM_END], loss_mask=[1, 1], response_logprobs=entries([310, IM_END], lp[0])
-    )
+    alone = Trace(prompt_ids=p, response_ids=[310, IM_END], loss_mask=[1, 1],
+                  response_logprobs=entries([310, IM_END], lp[0]))
     ids = [320, IM_END, *u, 330, IM_END]
-    wrong = Trace(
-        prompt_ids=p,
-        response_ids=ids,
-        loss_mask=[1, 1, *[0] * len(u), 1, 1],
-        response_logprobs=entries(ids, [*lp[1], *[0.0] * len(u), *lp[2]]),
-    )
+    wrong = Trace(prompt_ids=p, response_ids=ids, loss_mask=[1, 1, *[0] * len(u), 1, 1],
+                  response_logprobs=entries(ids, [*lp[1], *[0.0] * len(u), *lp[2]]))
     bad = Trajectory(status="completed", traces=[alone, wrong])
     report = verify(bad, comps)
     assert {v.code for v in report.violations} == {"context"}
