@@ -17,7 +17,9 @@ Harnesses (``register_harnesses(register: RegisterHarness)``)
     installed from npm at a pinned version (implement ``build``; its options ``NpmOptions`` hold ``settings``).
     ``HarnessContext`` in, ``HarnessLaunch`` out, ``HarnessRun`` to judge; helpers ``deep_merge`` (user settings over
     the adapter's), ``dump_json`` / ``dump_toml`` (config files), ``prompt_flag`` (the instruction as one argv element,
-    or stdin when too long), ``json_lines`` (a CLI's JSON events). ``HarnessError``.
+    or stdin when too long), ``json_lines`` (a CLI's JSON events). ``side_prompts`` or ``chain_role`` name the calls
+    the harness makes for itself (``RoleVerdict``, ``system_prompt``; docs/builders.md, "Chain roles").
+    ``HarnessError``.
 
 Runtimes (``register_runtimes(register: RegisterRuntime)``)
     ``Runtime`` (implement ``start``; ``check_spec`` for the spec beyond its config; ``cleanup``), returning a
@@ -95,11 +97,13 @@ from polar_cli.interfaces import (
     HarnessRun,
     InferenceBackend,
     NoOptions,
+    RoleVerdict,
     Runtime,
     RuntimeContext,
     RuntimeHandle,
     RuntimeProcess,
     json_lines,
+    system_prompt,
 )
 from polar_cli.interfaces.runtime import HOME_PATH, KILL_GRACE_SECONDS, SESSION_PATH, TOOLS_PATH, OutputCallback, Stream
 from polar_cli.models import (
@@ -166,6 +170,7 @@ __all__ = [
     "RegisterEvaluator",
     "RegisterHarness",
     "RegisterRuntime",
+    "RoleVerdict",
     "Runtime",
     "RuntimeContext",
     "RuntimeFailure",
@@ -191,6 +196,7 @@ __all__ = [
     "parse_pytest_output",
     "prompt_flag",
     "require",
+    "system_prompt",
     "tail",
     "validate_model",
 ]

@@ -7,11 +7,12 @@ pure) and :class:`GroupRun`, the state of one ``groups()`` call (what to submit,
 
 The rules, for a task whose every session has finished:
 
-1. A session is usable when it completed, has a reward, and has at least one trace with a trainable token
-   (``loss_mask`` holds a 1) and a reward. The others are the group's ``dropped`` sessions, each with its cause. A
-   session that captured no model call at all is never usable (``no_model_call``); when every session of a task that
-   ran (completed, timeout or error) captured none, the harness never reached the proxy, and ``groups()`` raises a
-   PolarError naming the task rather than train on nothing.
+1. A session is usable when it completed, has a reward, and has at least one trainable trace (``trainable``: its role
+   gets the reward under the task's ``reward_to``) with a trainable token (``loss_mask`` holds a 1) and a reward. The
+   others are the group's ``dropped`` sessions, each with its cause. A session that captured no model call at all is
+   never usable (``no_model_call``); when every session of a task that ran (completed, timeout or error) captured none,
+   the harness never reached the proxy, and ``groups()`` raises a PolarError naming the task rather than train on
+   nothing.
 2. Fewer usable sessions than ``min_usable_fraction`` of ``num_samples``: the group is dropped (``too_few_usable``).
 3. ``max_staleness``: the server's policy version when the group is judged minus the oldest version of its usable
    traces is above it: dropped (``stale``).
@@ -138,9 +139,10 @@ def session_cause(result: SessionResult) -> tuple[SessionCause, str] | None:
     if captured_nothing(result):
         return "no_model_call", "completed without a single model call through the proxy"
     traces = result.trajectory.traces
-    if not any(trace.trainable_tokens for trace in traces):
-        return "no_trainable_token", f"none of its {len(traces)} traces has a trainable token"
-    if result.reward is None or not any(t.trainable_tokens and t.reward is not None for t in traces):
+    trainable = [trace for trace in traces if trace.trainable and trace.trainable_tokens]
+    if not trainable:
+        return "no_trainable_token", f"none of its {len(traces)} traces is trainable with a trainable token"
+    if result.reward is None or not any(t.reward is not None for t in trainable):
         return "no_reward", "no reward (the session's or its trainable traces')"
     return None
 

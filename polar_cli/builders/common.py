@@ -10,6 +10,7 @@ from typing import Any
 from polar_cli.builders.config import BuilderConfig
 from polar_cli.errors import BuildError
 from polar_cli.interfaces.builder import BuildContext
+from polar_cli.interfaces.harness import RoleVerdict
 from polar_cli.models import Completion, PolicyVersions, TokenLogprob, Trace, Trajectory, TrajectoryStatus
 from polar_cli.models.completion import ABORTED
 from polar_cli.models.inference import VersionSpan
@@ -140,6 +141,7 @@ def make_trace(
     finish_reason: str | None,
     metadata: dict[str, Any],
     versions: PolicyVersions | None = None,
+    role: RoleVerdict | None = None,
 ) -> Trace:
     """A Trace from trusted, builder-made parts.
 
@@ -161,6 +163,9 @@ def make_trace(
         reward=None,
         metadata=metadata,
         policy_versions=versions,
+        role=role.role if role is not None else None,
+        role_reason=role.reason if role is not None else None,
+        trainable=True,
     )
 
 

@@ -1,8 +1,9 @@
-"""``per_request``: one trace per recorded completion."""
+"""``per_request``: one trace per recorded completion, with the role of the prefix chain it belongs to."""
 
 from __future__ import annotations
 
 from polar_cli.builders.base import TraceBuilder
+from polar_cli.builders.chains import partition
 from polar_cli.builders.common import (
     base_metadata,
     finish,
@@ -12,6 +13,9 @@ from polar_cli.builders.common import (
     sampled_entries,
 )
 from polar_cli.builders.config import BuilderConfig
+from polar_cli.builders.end_of_turn import end_of_turn
+from polar_cli.builders.roles import completion_roles, harness_adapter
+from polar_cli.errors import BuildError
 from polar_cli.interfaces.builder import BuildContext
 from polar_cli.models import Completion, Trajectory
 
@@ -25,8 +29,13 @@ class PerRequestBuilder(TraceBuilder):
     def _build(self, completions: list[Completion], cfg: BuilderConfig, context: BuildContext) -> Trajectory:
         ordered = ordered_completions(completions, cfg, self.name)
         meta = base_metadata(context, ordered, self.name)
+        try:  # only for the roles: without end-of-turn ids every call is its own chain, which still says whose it is
+            eot_ids = end_of_turn(cfg, self.name, context=context, completions=ordered).ids if ordered else frozenset()
+        except BuildError:
+            eot_ids = frozenset()
+        roles = completion_roles(partition(ordered, eot_ids), ordered, harness_adapter(meta["harness"]))
         traces = []
-        for c in ordered:
+        for c, role in zip(ordered, roles, strict=True):
             traces.append(
                 make_trace(
                     prompt_ids=list(c.prompt_ids),
@@ -44,6 +53,7 @@ class PerRequestBuilder(TraceBuilder):
                         "token_source": c.token_source,
                     },
                     versions=policy_versions([c], [0]),
+                    role=role,
                 )
             )
         stats = {

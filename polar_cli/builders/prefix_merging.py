@@ -11,7 +11,8 @@ Within a chain of completions ``c_1 .. c_K`` the trace is ``p_1 ‖ a_1 ‖ u_1 
   the template's closing of the turn is kept, untrained.
 
 Unlike the reference implementation, a completion that fails the prefix check is never dropped or truncated: it
-starts (or later continues) another chain, so every sampled token lands in exactly one trace.
+starts (or later continues) another chain, so every sampled token lands in exactly one trace. Each trace records its
+chain's role (``roles.chain_roles``: main, subagent or side).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from polar_cli.builders.common import (
 )
 from polar_cli.builders.config import BuilderConfig
 from polar_cli.builders.end_of_turn import end_of_turn
+from polar_cli.builders.roles import chain_roles, harness_adapter
 from polar_cli.interfaces.builder import BuildContext
+from polar_cli.interfaces.harness import RoleVerdict
 from polar_cli.models import Completion, TokenLogprob, Trace, Trajectory
 
 
@@ -51,7 +54,11 @@ class PrefixMergingBuilder(TraceBuilder):
         if eot is not None:
             meta["end_of_turn_source"] = eot.source
         parts = partition(ordered, eot_ids)
-        traces = [merge_chain(i, chain, ordered, eot_ids, meta) for i, chain in enumerate(parts.chains)]
+        roles = chain_roles(parts, ordered, harness_adapter(meta["harness"]))
+        traces = [
+            merge_chain(i, chain, ordered, eot_ids, meta, role)
+            for i, (chain, role) in enumerate(zip(parts.chains, roles, strict=True))
+        ]
         causes = Counter(b.cause for b in parts.breaks)
         stats = {
             "builder": self.name,
@@ -61,6 +68,7 @@ class PrefixMergingBuilder(TraceBuilder):
             "chains": len(parts.chains),
             "traces": len(traces),
             "completions_per_chain": [len(chain.members) for chain in parts.chains],
+            "chain_roles": [role.role for role in roles],
             "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
             "interstitial_tokens": sum(len(t.loss_mask) - sum(t.loss_mask) for t in traces),
             "prefix_breaks": len(parts.breaks),
@@ -71,7 +79,12 @@ class PrefixMergingBuilder(TraceBuilder):
 
 
 def merge_chain(
-    number: int, chain: Chain, ordered: list[Completion], eot_ids: frozenset[int], meta: dict[str, Any]
+    number: int,
+    chain: Chain,
+    ordered: list[Completion],
+    eot_ids: frozenset[int],
+    meta: dict[str, Any],
+    role: RoleVerdict | None = None,
 ) -> Trace:
     """The trace ``p_1 ‖ a_1 ‖ u_1 ‖ ... ‖ a_K`` of one chain."""
     members = [ordered[pos] for pos in chain.members]
@@ -117,4 +130,5 @@ def merge_chain(
             "token_source": "retokenized" if any(c.token_source == "retokenized" for c in members) else "backend",
         },
         versions=policy_versions(members, starts),
+        role=role,
     )

@@ -133,7 +133,8 @@ def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any],
                        "response_logprobs": t.response_logprobs}  # fmt: skip
         yield {
             **ids, "chain_index": chain, "finish_reason": trace.get("finish_reason"), **columns,
-            "policy_versions": trace.get("policy_versions"),
+            "policy_versions": trace.get("policy_versions"), "role": trace.get("role"),
+            "trainable": trace.get("trainable", True),
             "metadata": orjson.dumps(metadata, option=orjson.OPT_NON_STR_KEYS).decode(),
         }, len(columns["prompt_ids"]) + len(columns["response_ids"])  # fmt: skip
 

@@ -43,7 +43,8 @@ POLICY_VERSIONS = pa.struct([("oldest", pa.int64()), ("newest", pa.int64()), ("p
 TRACES = pa.schema([
     *IDS, ("chain_index", pa.int32()), ("finish_reason", pa.string()),
     ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-    ("response_logprobs", pa.list_(pa.float64())), ("policy_versions", POLICY_VERSIONS), ("metadata", pa.string()),
+    ("response_logprobs", pa.list_(pa.float64())), ("policy_versions", POLICY_VERSIONS), ("role", pa.string()),
+    ("trainable", pa.bool_()), ("metadata", pa.string()),
 ])  # fmt: skip
 MESSAGES = pa.schema([*IDS, ("messages", pa.list_(MESSAGE)), ("tools", pa.string()), ("num_turns", pa.int32()),
                       ("metadata", pa.string())])  # fmt: skip

@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
+from polar_cli.builders.roles import DEFAULT_REWARD_TO, assign_rewards
 from polar_cli.errors import PolarError, SessionError
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.gateway.driver import SessionDriver
@@ -428,6 +429,8 @@ class StagedPipeline:
         built, outcome, evaluation = job.built, job.outcome, job.evaluation
         trajectory = built.trajectory if built is not None else Trajectory(status=status)
         trajectory = trajectory.model_copy(update={"status": status, "session_id": job.session_id, "error": error})
+        reward_to = job.task.evaluator.reward_to if job.task is not None else DEFAULT_REWARD_TO
+        trajectory = assign_rewards(trajectory, evaluation.reward if evaluation is not None else None, reward_to)
         metadata = dict(job.metadata)
         if outcome is not None:
             metadata["run_status"] = outcome.status

@@ -23,6 +23,7 @@ class GeminiCliHarness(NpmHarness):
     provider: ClassVar[str] = "google"
     shell_tool: ClassVar[tuple[str, str]] = ("run_shell_command", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
+    side_prompts: ClassVar[dict[str, str]] = {"You are a specialized Task Routing AI": "the model router's call"}
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         settings: dict[str, Any] = {

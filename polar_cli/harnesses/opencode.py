@@ -45,6 +45,7 @@ class OpencodeHarness(NpmHarness):
     binary: ClassVar[str] = "opencode"
     allow_scripts: ClassVar[tuple[str, ...]] = ("opencode-ai",)  # its postinstall puts the native binary in place
     provider: ClassVar[str] = "openai"
+    side_prompts: ClassVar[dict[str, str]] = {"You are a title generator": "the title agent"}
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
     options: ClassVar[type[BaseModel]] = OpencodeOptions

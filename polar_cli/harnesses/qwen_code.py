@@ -1,10 +1,11 @@
 """Qwen Code (``@qwen-code/qwen-code``): OpenAI Chat Completions through ``OPENAI_*`` variables.
 
-Its home is ``<home>/.qwen`` (``QWEN_HOME``) with a ``settings.json`` that switches off usage statistics (else it
-sends telemetry to an aliyun host), telemetry and the update check; ``QWEN_DISABLE_AUTO_TITLE`` stops the session
-title side call. The instruction is one ``--prompt=<text>`` argument (stdin when longer than 100 kB): joined with
-``=`` so a leading ``-`` is never read as an option. ``--yolo`` bypasses approvals. Config: ``settings`` (merged into
-settings.json).
+Its home is ``<home>/.qwen`` (``QWEN_HOME``) with a ``settings.json`` that switches off usage statistics (else it sends
+telemetry to an aliyun host), telemetry and the update check; ``QWEN_DISABLE_AUTO_TITLE`` stops the session title side
+call. Its background memory agent still runs after a turn that needed no tool (a forked chat with its own system prompt,
+which ``side_prompts`` knows, with its other side calls). The instruction is one ``--prompt=<text>`` argument (stdin
+when longer than 100 kB): joined with ``=`` so a leading ``-`` is never read as an option. ``--yolo`` bypasses
+approvals. Config: ``settings`` (merged into settings.json).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ class QwenCodeHarness(NpmHarness):
     provider: ClassVar[str] = "openai"
     shell_tool: ClassVar[tuple[str, str]] = ("run_shell_command", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"is_background": False, "description": "polar doctor"}
+    side_prompts: ClassVar[dict[str, str]] = {
+        "You are now acting as the managed memory extraction subagent": "the background memory extraction agent",
+        "You are performing a managed memory dream": "the background memory consolidation (dream) agent",
+        "You are reviewing this conversation to extract reusable skills": "the background skill review agent",
+        "Generate a concise, sentence-case title": "a session title call",
+        "You generate session recaps": "a session recap call",
+        "Write a short summary label describing what these tool calls accomplished": "a tool-use summary call",
+    }
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         settings: dict[str, Any] = {

@@ -3,7 +3,9 @@
 ``doctor_report(name)`` runs ``polar doctor`` once per (harness, runtime) per process and caches the report, so
 several tests can assert on one real run. ``polar_run(name, folder)`` runs the real ``polar run`` command on a task that
 asks the harness to write a file (the scripted backend plays the model, ``test_on_output`` checks the file) and returns
-the SessionResult with the completions the session's journal holds, for ``polar_cli.builders.verify``.
+the SessionResult with the completions the session's journal holds, for ``polar_cli.builders.verify``;
+``side_call_run`` and ``check_side_chain`` do the same for a run whose harness also makes a call for itself (a side
+chain: no reward under the default ``reward_to``).
 ``missing_cli_reason(harness)`` says why a test cannot run: under CI
 (``CI`` set) a missing CLI is a failure, elsewhere a skip; the caller decides (``pytest.fail`` / ``pytest.skip``).
 """
@@ -117,6 +119,38 @@ def polar_run(
     task = run_task(name, runtime, refresh_runtime=refresh_runtime, image=image)
     task_file.write_text(json.dumps(task, indent=2), encoding="utf-8")
     return polar_run_file(task_file, folder)[0]
+
+
+def side_call_run(name: str, folder: Path, side_answer: str, *, config: dict[str, Any] | None = None) -> RunReport:
+    """``polar run`` of a task the agent answers without a tool ("Hello."), after which the harness makes a call for
+    itself (Qwen Code's memory agent runs after such a turn; Claude Code evaluates a prompt hook ``config`` sets up);
+    the script answers that call with ``side_answer``. Scored by ``session_completion`` under the default
+    ``reward_to``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    task = run_task(name)
+    task.update(instruction="Say hello.", evaluator={"strategy": "session_completion"})
+    task["agent"]["config"] = config or {}
+    task["metadata"] = {SCRIPT_KEY: [{"role": "assistant", "content": "Hello."},
+                                     {"role": "assistant", "content": side_answer}]}  # fmt: skip
+    task_file = folder / "task.json"
+    task_file.write_text(json.dumps(task, indent=2), encoding="utf-8")
+    return polar_run_file(task_file, folder)[0]
+
+
+def check_side_chain(report: RunReport, reason: str) -> None:
+    """Raise AssertionError unless the run completed with reward 1.0 in two chains: the main conversation (the
+    reward, trainable) and the harness's own call (role ``side`` for ``reason``, no reward, not trainable), and the
+    trajectory passes ``verify``."""
+    from polar_cli.builders import verify
+
+    result = report.result
+    if report.exit_code != 0 or result is None or (result.status, result.reward) != ("completed", 1.0):
+        raise AssertionError(report.describe())
+    got = [(t.role, t.role_reason, t.reward, t.trainable) for t in result.trajectory.traces]
+    expected = [("main", "the session's first chain", 1.0, True), ("side", reason, None, False)]
+    if got != expected:
+        raise AssertionError(f"traces {got}, expected {expected}\n{report.describe()}")
+    verify(result.trajectory, report.completions, raise_on_violation=True)
 
 
 def polar_run_file(task_file: Path, folder: Path, *args: str, cwd: Path | None = None) -> list[RunReport]:

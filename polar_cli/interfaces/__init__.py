@@ -8,7 +8,15 @@ from polar_cli.interfaces.base import Component, NoOptions
 from polar_cli.interfaces.builder import BuildContext, Builder
 from polar_cli.interfaces.dataset import Dataset
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult, Evaluator
-from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch, HarnessRun, json_lines
+from polar_cli.interfaces.harness import (
+    Harness,
+    HarnessContext,
+    HarnessLaunch,
+    HarnessRun,
+    RoleVerdict,
+    json_lines,
+    system_prompt,
+)
 from polar_cli.interfaces.runtime import (
     ExecResult,
     OutputCallback,
@@ -36,10 +44,12 @@ __all__ = [
     "InferenceBackend",
     "NoOptions",
     "OutputCallback",
+    "RoleVerdict",
     "Runtime",
     "RuntimeContext",
     "RuntimeHandle",
     "RuntimeProcess",
     "Stream",
     "json_lines",
+    "system_prompt",
 ]

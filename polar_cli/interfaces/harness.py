@@ -8,6 +8,10 @@ write into the session's own home, and the bytes for stdin (usually none: stdin 
 
 ``polar doctor --harness NAME`` is the test of an adapter: :meth:`Harness.doctor_script` supplies the scripted
 assistant turns (one call of the harness's own shell tool, then a final answer) that the proxy replays.
+
+After a run, the builders ask :meth:`Harness.chain_role` about the first call of each chain: an adapter knows the calls
+its harness makes for itself (a title, a memory agent) by their shape, and calls them ``side`` (docs/builders.md,
+"Chain roles").
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pydantic import ValidationError
 
 from polar_cli.errors import HarnessError
 from polar_cli.interfaces.base import Component
+from polar_cli.models import ChainRole, Completion
 from polar_cli.models.base import describe_config_keys_error
 
 
@@ -97,6 +102,27 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return events
 
 
+@dataclass(frozen=True)
+class RoleVerdict:
+    """A chain's role and the evidence it was decided on, in words (``Trace.role`` and ``Trace.role_reason``)."""
+
+    role: ChainRole
+    reason: str
+
+
+def system_prompt(completion: Completion) -> str:
+    """The text of the system messages that open ``completion``'s request (text parts joined), or ``""``."""
+    texts = []
+    for message in completion.request_messages:
+        if message.get("role") != "system":
+            break
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        texts.append(content if isinstance(content, str) else "")
+    return "\n".join(texts)
+
+
 class Harness(Component):
     """An agent harness run unchanged (Codex CLI, Claude Code, pi, a shell command, ...)."""
 
@@ -109,6 +135,9 @@ class Harness(Component):
     """The harness's own shell tool: (tool name, name of its command argument), used by :meth:`doctor_script`."""
     shell_tool_extra: ClassVar[Mapping[str, Any]] = {}
     """Further arguments that tool requires (e.g. a description)."""
+    side_prompts: ClassVar[Mapping[str, str]] = {}
+    """The calls the harness makes for itself, known by their system prompt: a text that prompt contains -> what the
+    call is (``"a session title call"``). See :meth:`chain_role`."""
 
     def is_installed(self) -> bool:
         """Whether :meth:`install` has nothing left to do."""
@@ -135,6 +164,16 @@ class Harness(Component):
             return f"{self.name} timed out after {run.seconds:.0f} s"
         if run.exit_code != 0:
             return f"{self.name} exited with status {run.exit_code}"
+        return None
+
+    def chain_role(self, first: Completion) -> RoleVerdict | None:
+        """The role of the chain whose first call is ``first``, when the harness knows that call by its shape; None
+        leaves the role to the builder's rule (docs/builders.md, "Chain roles"). By default: ``side`` when the call's
+        system prompt contains one of :attr:`side_prompts`. Override for evidence a system prompt does not carry."""
+        system = system_prompt(first)
+        for marker, what in self.side_prompts.items():
+            if marker in system:
+                return RoleVerdict("side", f"{self.name}: {what} (its system prompt)")
         return None
 
     def doctor_script(self, command: str) -> list[dict[str, Any]]:

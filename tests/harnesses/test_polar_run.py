@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.harnesses.testing import check_run, check_streamed, in_ci, missing_cli_reason, polar_run, polar_run_file
+from polar_cli.harnesses.testing import (
+    check_run,
+    check_side_chain,
+    check_streamed,
+    in_ci,
+    missing_cli_reason,
+    polar_run,
+    polar_run_file,
+    side_call_run,
+)
 from polar_cli.registry import get_harness
 
 pytestmark = pytest.mark.harness
@@ -51,6 +60,14 @@ def test_polar_run_in_docker_scores_in_a_fresh_container(tmp_path: Path, docker_
         assert left == []
     finally:
         client.close()
+
+
+def test_qwen_codes_memory_agent_is_a_side_chain_without_the_reward(tmp_path: Path) -> None:
+    """After a turn that needed no tool, Qwen Code runs its background memory extraction agent (its own system
+    prompt, a new chain): ``side``, no reward, not trainable under the default ``reward_to``; the answer gets it."""
+    need_cli("qwen_code")
+    report = side_call_run("qwen_code", tmp_path, "Nothing durable to remember.")
+    check_side_chain(report, "qwen_code: the background memory extraction agent (its system prompt)")
 
 
 ROOT = Path(__file__).resolve().parents[2]

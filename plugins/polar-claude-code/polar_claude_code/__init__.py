@@ -1,11 +1,12 @@
 """Polar plugin: the Claude Code harness (``@anthropic-ai/claude-code``), Anthropic Messages API.
 
 Everything is environment: ``CLAUDE_CONFIG_DIR=<home>/.claude`` (never the user's), ``ANTHROPIC_BASE_URL`` and
-``ANTHROPIC_API_KEY`` (sent as ``x-api-key``) from the session, the served model pinned in every model variable
-(main, opus/sonnet/haiku defaults, the small fast model, sub-agents), non-essential traffic (title calls, Anthropic
-hosts), telemetry, error reporting and the auto-updater off, and ``IS_SANDBOX=1`` so that
-``--dangerously-skip-permissions`` is accepted when running as root. ``claude -p`` reads the instruction from stdin
-(then EOF); ``--output-format json`` prints one result object whose ``is_error`` catches failures that exit 0.
+``ANTHROPIC_API_KEY`` (sent as ``x-api-key``) from the session, the served model pinned in every model variable (main,
+opus/sonnet/haiku defaults, the small fast model, sub-agents), non-essential traffic (title calls, Anthropic hosts),
+telemetry, error reporting and the auto-updater off, and ``IS_SANDBOX=1`` so that ``--dangerously-skip-permissions`` is
+accepted when running as root. The calls it makes for itself that a session can still meet (a prompt hook's evaluator, a
+title) are ``side_prompts``; its Agent tool's sub-agents are not. ``claude -p`` reads the instruction from stdin (then
+EOF); ``--output-format json`` prints one result object whose ``is_error`` catches failures that exit 0.
 
 Its package's install script copies the native binary into place, so it runs at install time (npm >= 11 needs that
 allowed explicitly). Config: ``settings`` (written as ``<home>/.claude/settings.json``).
@@ -56,6 +57,11 @@ class ClaudeCodeHarness(NpmHarness):
     allow_scripts: ClassVar[tuple[str, ...]] = ("@anthropic-ai/claude-code",)
     provider: ClassVar[str] = "anthropic"
     shell_tool: ClassVar[tuple[str, str]] = ("Bash", "command")
+    side_prompts: ClassVar[dict[str, str]] = {
+        "Generate a concise, sentence-case title": "a session title call",
+        "You are evaluating a stop-condition hook in Claude Code": "a prompt hook's evaluator call",
+        "You are evaluating a hook condition in Claude Code": "a prompt hook's evaluator call",
+    }
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         settings = dict(self.settings(context))

@@ -11,12 +11,14 @@ import pytest
 
 from polar_cli.harnesses.testing import (
     check_run,
+    check_side_chain,
     check_streamed,
     describe,
     doctor_report,
     in_ci,
     missing_cli_reason,
     polar_run,
+    side_call_run,
 )
 from polar_cli.interfaces.harness import HarnessContext, HarnessRun
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
@@ -108,3 +110,20 @@ def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path:
     report = polar_run("claude_code", tmp_path)
     check_run(report)
     check_streamed(report)  # the scripted backend streams: pass-through, as with vLLM
+
+
+STOP_HOOK = {"hooks": {"Stop": [{"hooks": [{"type": "prompt", "prompt": "Did the assistant greet the user?"}]}]}}
+
+
+@pytest.mark.harness
+def test_a_prompt_hooks_evaluator_call_is_a_side_chain_without_the_reward(tmp_path: Path) -> None:
+    """A prompt-type Stop hook (set up through the task's agent config) makes Claude Code ask the model itself, with
+    its own system prompt: that chain is ``side``, no reward, not trainable under the default ``reward_to``."""
+    reason = missing_cli_reason(get_harness("claude_code"))
+    if reason:
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    verdict = '{"ok": true, "reason": "it said Hello."}'
+    report = side_call_run("claude_code", tmp_path, verdict, config={"settings": STOP_HOOK})
+    check_side_chain(report, "claude_code: a prompt hook's evaluator call (its system prompt)")
