@@ -20,7 +20,7 @@ SLIME_SAMPLE_FIELDS = {
     "generate_function_path", "train_metadata", "session_id", "non_generation_time", "spec_info",
     "prefix_cache_info",
 }  # fmt: skip
-"""``Sample``'s dataclass fields (THUDM/slime main, 2026-11); every one has a default."""
+"""``Sample``'s dataclass fields (THUDM/slime ``slime/utils/types.py`` at commit 0d234f3); each has a default."""
 SLIME_STATUS_NAMES = {"PENDING", "COMPLETED", "TRUNCATED", "ABORTED", "FAILED"}
 TRAINERS_MD_FIELDS = {
     "group_index", "index", "prompt", "tokens", "response", "response_length", "label", "reward", "loss_mask",
