@@ -23,6 +23,8 @@
     ├── PoolControlError             an inference-pool control call could not be done (a gateway failed, a version
     │                                going back)
     ├── HubError                     the HuggingFace Hub refused, failed or could not be reached
+    ├── AdapterError                 results could not be turned into a trainer's samples (polar_cli.trainers)
+    │   └── MissingLogprobError      a trainable token (loss_mask 1) without a logprob (names session and position)
     └── MissingDependencyError       an optional package is not installed (names the extra that brings it)
 
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
@@ -149,6 +151,14 @@ class HubError(PolarError):
     or could not be reached."""
 
     http_status = 502
+
+
+class AdapterError(PolarError):
+    """Polar's results could not be turned into a trainer's samples (``polar_cli.trainers``)."""
+
+
+class MissingLogprobError(AdapterError):
+    """A token with ``loss_mask`` 1 has no usable logprob: the trace breaks the token-faithfulness contract."""
 
 
 class MissingDependencyError(PolarError):

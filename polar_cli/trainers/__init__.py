@@ -1,0 +1,50 @@
+"""Trainer adapters (docs/trainers.md): Polar's traces and groups in the shapes Slime, veRL and TRL consume.
+
+Plain functions over Polar's models; no trainer is imported when this package is (each output's ``to_native()``
+imports its trainer when called). The shared rules (which traces are samples, status, mask, flat logprobs) are in
+:mod:`polar_cli.trainers.rules`.
+"""
+
+from polar_cli.trainers.rules import (
+    SampleStatus,
+    TraceRule,
+    TraceSample,
+    flat_logprobs,
+    sample_status,
+    samples,
+    select_traces,
+    trace_sample,
+)
+from polar_cli.trainers.slime import SlimeSample, slime_groups, slime_sample, slime_samples
+from polar_cli.trainers.trl import TrlRolloutOutput, distinct_prompts, polar_reward_func, trl_rollout
+from polar_cli.trainers.verl import (
+    VerlAgentLoopMetrics,
+    VerlAgentLoopOutput,
+    verl_output,
+    verl_outputs,
+    verl_trace_output,
+)
+
+__all__ = [
+    "SampleStatus",
+    "SlimeSample",
+    "TraceRule",
+    "TraceSample",
+    "TrlRolloutOutput",
+    "VerlAgentLoopMetrics",
+    "VerlAgentLoopOutput",
+    "distinct_prompts",
+    "flat_logprobs",
+    "polar_reward_func",
+    "sample_status",
+    "samples",
+    "select_traces",
+    "slime_groups",
+    "slime_sample",
+    "slime_samples",
+    "trace_sample",
+    "trl_rollout",
+    "verl_output",
+    "verl_outputs",
+    "verl_trace_output",
+]
