@@ -124,7 +124,7 @@ async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
 def summarize(task: TaskRequest, sample: int, group: str, attempt: int, result: SessionResult,
               accept_min_reward: float) -> ResultRow:  # fmt: skip
     traces = result.trajectory.traces
-    trainable = sum(t.trainable_tokens for t in traces)
+    trainable = sum(t.trainable_tokens for t in traces if t.trainable)  # side traces (by default) train nothing
     accepted = result.status == "completed" and trainable > 0 and (result.reward or 0.0) >= accept_min_reward
     return ResultRow(
         task_id=task.task_id, sample_index=sample, session_id=result.session_id, group=group, attempts=attempt,
