@@ -14,38 +14,38 @@ unvalidated, with the reason in ``problems``: verify reports it by name instead 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError, PolarError
 from polar_cli.models import Completion, PolicyVersions, Trace
-from polar_cli.models.base import describe_validation_error
 
 LEDGER = "ledger.db"
 JOURNAL_CANDIDATES = ("polar-data/journal", "journal", "service/journal")
 """Where a journal folder is looked for, relative to a results file's folder or a generate folder."""
 
 
-class LoadedTrace(BaseModel):
-    """One trace with what names it and, where known, the completions of its session (its journal)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+@dataclass
+class LoadedTrace:
+    """One trace with what names it and, where known, the completions of its session (its journal). A dataclass:
+    a trace that did not validate is kept as it is, not validated again."""
 
     ref: str
     """How a human finds it: ``session S trace I`` (``of task T`` where known)."""
+    trace: Trace
     session_id: str | None = None
     task_id: str | None = None
     index: int = 0
     """Its position among its session's traces (an exported row's ``chain_index``)."""
     harness: str | None = None
     role: str | None = None
-    trace: Trace
     completions: list[Completion] | None = None
     """Its session's journal; None where the input carries none."""
-    problems: list[str] = []
+    problems: list[str] = field(default_factory=list)
     """Why the trace did not validate (it is then loaded unvalidated); empty for a valid trace."""
 
 
@@ -59,7 +59,10 @@ def _lenient_trace(data: dict[str, Any]) -> tuple[Trace, list[str]]:
     try:
         return Trace.model_validate(data), []
     except ValidationError as exc:
-        problem = describe_validation_error(exc, Trace)
+        problem = "; ".join(
+            (".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        )
     fields = {k: v for k, v in data.items() if k in Trace.model_fields}
     versions = fields.get("policy_versions")
     if isinstance(versions, dict):
