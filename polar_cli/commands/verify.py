@@ -1,0 +1,185 @@
+"""``polar verify PATH [--recompute --model DIR | --model VERSION=DIR ...]``: check traces against their journal and,
+with ``--recompute``, their recorded logprobs against the given weights (docs/verify.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
+from polar_cli.errors import ConfigError
+from polar_cli.recompute import (
+    KL_ESTIMATOR,
+    DeltaStats,
+    RecomputeReport,
+    StructuralReport,
+    check_structure,
+    load_traces,
+    recompute,
+)
+
+Source = Annotated[
+    Path,
+    typer.Argument(
+        help="A results file (polar run --out), a polar generate folder, or an exported dataset.", show_default=False
+    ),
+]
+Models = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        metavar="DIR|VERSION=DIR",
+        help="Weights to recompute with: DIR for every trace, or VERSION=DIR per policy version (repeatable).",
+        show_default=False,
+    ),
+]
+Journal = Annotated[
+    Path | None,
+    typer.Option(
+        "--journal", help="The folder of the sessions' journals (default: found beside PATH).", show_default=False
+    ),
+]
+
+
+def parse_models(values: list[str]) -> dict[int | None, Path]:
+    """``--model DIR`` (every version) and ``--model VERSION=DIR`` (repeatable) as {version or None: folder}."""
+    models: dict[int | None, Path] = {}
+    for value in values:
+        version: int | None = None
+        head, sep, tail = value.partition("=")
+        if sep:
+            try:
+                version = int(head)
+            except ValueError:
+                raise ConfigError(f"--model {value!r}: VERSION=DIR needs a whole-number policy version before '='"
+                                  ) from None  # fmt: skip
+            if not tail:
+                raise ConfigError(f"--model {value!r}: no folder after '='")
+            value = tail
+        if version in models:
+            which = "a plain --model DIR" if version is None else f"policy version {version}"
+            raise ConfigError(f"--model given twice for {which}")
+        models[version] = Path(value)
+    return models
+
+
+def _stats_table(title: str, rows: dict[str, DeltaStats]) -> Table:
+    table = Table(title=title)
+    for column in (title.split()[-1], "traces", "tokens", "max |Δlogprob|", "mean |Δlogprob|", "KL (k3)"):
+        table.add_column(column, justify="left" if column == title.split()[-1] else "right")
+    for key, s in rows.items():
+        table.add_row(key, str(s.traces), str(s.tokens), f"{s.max_abs_dlogprob:.3g}", f"{s.mean_abs_dlogprob:.3g}",
+                      f"{s.kl:.3g}")  # fmt: skip
+    return table
+
+
+def _print_structural(structural: StructuralReport, traces: int) -> None:
+    console = stdout_console()
+    line = (f"structural: {structural.checked} of {traces} trace(s) in {structural.sessions} session(s) checked "
+            f"against their journal, {len(structural.violations)} violation(s)")  # fmt: skip
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for v in structural.violations[:20]:
+        console.print(f"  {v.code}: {v.message}", markup=False, highlight=False, soft_wrap=True)
+    if structural.without_journal:
+        n = len(structural.without_journal)
+        line = (f"  not checked: {n} session(s) have no journal of completions here (give one with --journal DIR), "
+                f"e.g. {structural.without_journal[0]}")  # fmt: skip
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_recompute(report: RecomputeReport) -> None:
+    console = stdout_console()
+    console.print(_stats_table("by harness", report.by_harness))
+    console.print(_stats_table("by role", report.by_role))
+    if len(report.by_version) > 1:
+        console.print(_stats_table("by policy version", report.by_version))
+    if report.worst:
+        table = Table(title="worst traces")
+        for column in ("trace", "tokens", "max |Δ|", "mean |Δ|", "KL", "failed because"):
+            table.add_column(column, justify="left" if column in ("trace", "failed because") else "right")
+        for w in report.worst:
+            cells = [w.max_abs_dlogprob, w.mean_abs_dlogprob, w.kl]
+            table.add_row(w.ref, str(w.tokens), *("-" if c is None else f"{c:.3g}" for c in cells), w.reason or "")
+        console.print(table)
+    line = (f"recompute: {report.tokens} sampled token(s) of {report.traces} trace(s): max |Δlogprob| "
+            f"{report.max_abs_dlogprob:.3g}, mean {report.mean_abs_dlogprob:.3g}, KL {report.kl:.3g} "
+            f"({KL_ESTIMATOR}); tolerance {report.tolerance:g} on each trace's mean")  # fmt: skip
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def verify_command(
+    path: Source,
+    recompute_logprobs: bool = typer.Option(False, "--recompute", help="Recompute each sampled token's logprob."),
+    model: Models = None,
+    tolerance: float = typer.Option(1e-3, "--tolerance", min=0.0, help="Most mean |Δlogprob| a trace may have."),
+    dtype: str = typer.Option("float32", "--dtype", help="The dtype the model runs in (float32, float64, ...)."),
+    journal: Journal = None,
+    json_output: bool = JsonOption,
+) -> None:
+    """Check traces: each session against its journal of completions, and with --recompute each sampled token's
+    recorded logprob against the logprob the given weights give it (transformers, CPU).
+
+    Exits 0 when every check passes, 1 when one fails (the worst traces named first), 2 on bad input."""
+    models = parse_models(model or [])
+    if recompute_logprobs and not models:
+        raise ConfigError("--recompute needs --model DIR (or --model VERSION=DIR per policy version)")
+    if models and not recompute_logprobs:
+        raise ConfigError("--model is for --recompute: add --recompute")
+    if recompute_logprobs:
+        from polar_cli.recompute.logprobs import DTYPES, check_model_dir
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        for folder in models.values():
+            check_model_dir(folder)
+        if os.environ.get("POLAR_DEBUG", "") in ("", "0"):
+            with contextlib.suppress(ImportError):  # its absence is reported, with the extra to install, by recompute
+                from transformers.utils import logging as transformers_logging
+
+                transformers_logging.disable_progress_bar()  # "Loading weights" bars, one per model
+    traces = load_traces(path, journal=journal)
+    if not traces:
+        raise ConfigError(f"{path} holds no trace")
+    notes = stderr_console()
+    document: dict[str, Any]
+    if recompute_logprobs:
+        with notes.status(f"recomputing {len(traces)} trace(s)"):
+            report = recompute(traces, models, tolerance=tolerance, dtype=dtype)
+        structural, ok = report.structural, report.ok
+        document = report.model_dump(mode="json")
+    else:
+        structural = check_structure(traces)
+        if not structural.sessions:
+            raise ConfigError(
+                f"{path}: no journal of completions for any of its {len(structural.without_journal)} session(s), so "
+                "there is nothing to check structurally: give the journals with --journal DIR, or recompute the "
+                "logprobs with --recompute --model DIR"
+            )
+        problems = [f"{t.ref}: {p}" for t in traces for p in t.problems]
+        ok = structural.ok and not problems
+        document = {"ok": ok, "traces": len(traces), "structural": structural.model_dump(mode="json"),
+                    "problems": problems}  # fmt: skip
+    for line in [*structural.notes, *document.get("warnings", []), *document.get("skipped", [])]:
+        notes.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+    if json_output:
+        emit_json(document)
+    else:
+        if recompute_logprobs:
+            _print_recompute(report)
+        _print_structural(structural, len(traces))
+        for line in document.get("problems", []):
+            stdout_console().print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+        verdict = "ok" if ok else "FAILED"
+        if not ok and recompute_logprobs and report.failed:
+            verdict += f": {len(report.failed)} trace(s) failed, worst {report.failed[0]}"
+        stdout_console().print(verdict, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify_command)
