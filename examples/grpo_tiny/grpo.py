@@ -45,6 +45,7 @@ from polar_cli.client import PolarClient
 from polar_cli.groups import Group, GroupConfig, GroupStats
 from polar_cli.harnesses.shell import REFERENCE_AGENT, reference_agent_source
 from polar_cli.models import TaskRequest
+from polar_cli.recompute import load_traces, recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "polar-demo"
@@ -271,7 +272,7 @@ def write_base_model(folder: Path, seed: int) -> None:
     demo = folder.with_name(folder.name + "-demo")
     subprocess.run([sys.executable, "-P", str(ROOT / "polar_cli" / "demo_model.py"), "model", str(demo),
                     "--seed", str(seed)], check=True, capture_output=True)  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32)
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
     save_checkpoint(model, demo, folder)
@@ -290,17 +291,11 @@ def save_checkpoint(model: Any, tokenizer_from: Path, folder: Path) -> Path:
 
 
 def verify(results: Path, model_dir: Path, journal: Path) -> dict[str, Any]:
-    """``polar verify --recompute`` of one step's results against the weights that sampled them (its --json)."""
-    argv = [sys.executable, "-m", "polar_cli", "verify", str(results), "--recompute", "--model", str(model_dir),
-            "--journal", str(journal), "--json"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run(argv, capture_output=True, text=True, env=env)
-    try:
-        report: dict[str, Any] = json.loads(run.stdout)
-    except ValueError:
-        report = {"ok": False, "error": (run.stderr or run.stdout).strip()[-2000:]}
-    report["exit_code"] = run.returncode
-    return report
+    """``polar verify RESULTS --recompute --model MODEL_DIR --journal JOURNAL --json``, in process (the CLI would
+    import torch and transformers again at every step): every sampled token's recorded logprob against the weights
+    that sampled it, and the traces against the journal of their model calls."""
+    report = recompute(load_traces(results, journal=journal), {None: model_dir})
+    return report.model_dump(mode="json")
 
 
 # ---- the report --------------------------------------------------------------------------------------------------
@@ -396,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
             t = time.monotonic()
             report = verify(results, models[version], out / "polar-data" / "journal")
             seconds["verify"] = time.monotonic() - t
-            if not report.get("ok"):
+            if not report["ok"]:
                 failed_verify.append(step)
 
             rewards = [r for g in groups for r in g.rewards]
@@ -413,10 +408,10 @@ def run(args: argparse.Namespace) -> int:
                 "policy_version": version,
                 "new_policy_version": new_version,
                 "checkpoint": str(checkpoint),
-                "verify_ok": bool(report.get("ok")),
-                "verify_mean_abs_dlogprob": report.get("mean_abs_dlogprob"),
-                "verify_max_abs_dlogprob": report.get("max_abs_dlogprob"),
-                "verify_error": report.get("error"),
+                "verify_ok": report["ok"],
+                "verify_mean_abs_dlogprob": report["mean_abs_dlogprob"],
+                "verify_max_abs_dlogprob": report["max_abs_dlogprob"],
+                "verify_failed": report["failed"],
                 "trainer_mean_abs_dlogprob": trained.get("trainer_mean_abs_dlogprob"),
                 "clip_fraction": trained.get("clip_fraction"),
                 "seconds": {k: round(v, 3) for k, v in seconds.items()},
@@ -425,8 +420,8 @@ def run(args: argparse.Namespace) -> int:
             with steps_file.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             print(row(record), flush=True)
-            if not report.get("ok"):
-                print(f"  polar verify failed on step {step}: {report.get('error') or report.get('worst')}")
+            if not report["ok"]:
+                print(f"  polar verify failed on step {step}: {report['failed'] or report['structural']}")
 
     plot(records, out / "reward.png")
     print(f"wrote {steps_file} and {out / 'reward.png'}")
@@ -438,12 +433,12 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--steps", type=int, default=8, help="GRPO steps (weight updates)")
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps (weight updates)")
     parser.add_argument("--out", type=Path, default=Path("grpo-tiny-out"), help="where everything is written")
     parser.add_argument("--groups", type=int, default=4, help="tasks (GRPO groups) per step")
     parser.add_argument("--samples", type=int, default=8, help="sessions per group")
     parser.add_argument("--max-tokens", type=int, default=16, help="cap on each model call's sampled tokens")
-    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
+    parser.add_argument("--lr", type=float, default=2e-2, help="AdamW learning rate")
     parser.add_argument("--epochs", type=int, default=2, help="PPO updates per batch")
     parser.add_argument("--clip", type=float, default=0.2, help="PPO clip range of the importance ratio")
     parser.add_argument("--seed", type=int, default=0, help="torch seed of the trainer")
