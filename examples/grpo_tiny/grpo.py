@@ -327,7 +327,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
                     label="min-max")  # fmt: skip
     ax.set_xlabel("step")
     ax.set_ylabel("reward (share of digits in the answer)")
-    ax.set_title("grpo_tiny: GRPO on the demo model, sampled through polar serve")
+    ax.set_title("grpo_tiny: GRPO through polar serve")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
