@@ -7,7 +7,10 @@ itself does with these calls is in tests/proxy/test_vllm_weights.py."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -138,3 +141,23 @@ def test_a_control_call_that_hangs_times_out_naming_the_server(loop_thread: Loop
     with pytest.raises(BackendError) as info:
         peer.run("vllm", lambda client: client.pause_generation(0.2))
     assert info.value.status == 504 and peer.url in str(info.value) and "0.2 s" in str(info.value)
+
+
+def test_vllm_warns_when_a_checkpoint_ties_its_output_layer(
+    loop_thread: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's in-place reload keeps a tied lm_head at its start weights (.ci/VLLM_NOTES.md): loading such a checkpoint
+    still goes ahead, with a warning naming the cause and the way out; an untied one loads without it."""
+    tied, untied = tmp_path / "tied", tmp_path / "untied"
+    for folder, tie in ((tied, True), (untied, False)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": tie}))
+    peer = ControlPeer(loop_thread, {"/collective_rpc": OK, "/reset_prefix_cache": OK})
+    logger = "polar_cli.proxy.backends.vllm"
+    with caplog.at_level(logging.WARNING, logger=logger):
+        peer.run("vllm", lambda client: client.reload_weights(str(untied), 5))
+        assert not [r for r in caplog.records if r.name == logger]
+        peer.run("vllm", lambda client: client.reload_weights(str(tied), 5))
+    [record] = [r for r in caplog.records if r.name == logger]
+    assert str(tied) in record.getMessage() and "tie_word_embeddings: false" in record.getMessage()
+    assert [path for path, _ in peer.calls].count("/collective_rpc") == 2  # it warns, it does not refuse

@@ -8,8 +8,11 @@ worker's ``reload_weights`` and ``POST /reset_prefix_cache``, and ``GET /server_
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +24,19 @@ from polar_cli.models.inference import LogprobsMode
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation, upstream_error
 from polar_cli.proxy.retry import with_retries
 from polar_cli.proxy.streaming import UpstreamStreamError, sse_chunks
+
+log = logging.getLogger(__name__)
+
+
+def ties_output_layer(path: str) -> bool:
+    """Whether the checkpoint at ``path`` (when this machine can read it) ties its output layer to the embedding:
+    vLLM's in-place ``reload_weights`` keeps serving the ``lm_head`` it started with for such a model
+    (.ci/VLLM_NOTES.md), so its recorded logprobs stop matching the loaded weights."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tie_word_embeddings") is True
 
 _SWITCHES = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 _LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
@@ -116,6 +132,14 @@ class VllmClient(HttpChatClient):
         /reset_prefix_cache``: the reload leaves KV computed under the old weights in the prefix cache, which later
         calls would reuse (requests frozen by a keep-mode pause are recomputed under the new weights)."""
         deadline = time.monotonic() + timeout_s
+        if ties_output_layer(path):
+            log.warning(
+                "%s: the checkpoint at %s ties lm_head to the embedding; vLLM's in-place reload keeps the lm_head it "
+                "started with, so the served model is not the one you saved (polar verify --recompute will fail). "
+                "Serve an untied copy from the start (tie_word_embeddings: false): see examples/grpo_tiny",
+                self.config.url,
+                path,
+            )
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": timeout_s}
         try:
             await self.control("/collective_rpc", rpc, timeout_s, what=f"loading weights from {path}")
