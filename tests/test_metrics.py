@@ -28,9 +28,12 @@ from polar_cli.metrics import (
     render_all,
 )
 from polar_cli.proxy import ProxyConfig, ProxyState, create_proxy_app
+from polar_cli.proxy.pool import InferencePool
+from polar_cli.proxy.retry import RetryConfig
 from polar_cli.web.listen import listen
 from polar_cli.web.metrics import listen_metrics
 from tests.gateway.sim import SimDriver, until
+from tests.proxy.test_pool import FAST, chat, replicas, vllm
 
 
 def parse(text: bytes | str) -> list[Sample]:
@@ -228,6 +231,37 @@ def test_proxy_calls_count_requests_tokens_journal_bytes_and_upstream_attempts(t
     assert value(samples, "polar_inference_policy_version") == 1
     assert value(samples, "polar_proxy_sessions") == 1
     assert all("sess-metrics-1" not in v for s in samples for v in s.labels.values())
+
+
+def test_the_pool_counts_attempts_latency_and_retries_per_replica() -> None:
+    async def test() -> list[Sample]:
+        a, b = await replicas(2)
+        pool = InferencePool(vllm, [a.url, b.url], config=FAST, retry=RetryConfig(attempts=3, base_delay_s=0.01))
+        metrics = pool.metrics = ProxyMetrics()
+        try:
+            for session in ("s1", "s2"):
+                await pool.generate(chat(), session_id=session)
+            await a.stop()  # refused from now on: its session's next call fails over to b
+            for session in ("s1", "s2"):
+                await pool.generate(chat(), session_id=session)
+            return parse(await Exposition(metrics.registry).render())
+        finally:
+            await pool.close()
+            await a.stop()
+            await b.stop()
+
+    samples = asyncio.run(asyncio.wait_for(test(), 60))
+    upstream = "polar_inference_upstream_requests_total"
+    assert value(samples, upstream, replica=a_url(samples), code="200") == 1
+    assert value(samples, upstream, replica=a_url(samples), code="502") == 1  # unreachable: out of rotation
+    assert value(samples, "polar_inference_retries_total") == 1  # the failed-over attempt, on the other replica
+    assert value(samples, upstream, code="200") == 4
+    assert value(samples, "polar_inference_upstream_duration_seconds_count", stream="false") == 5
+
+
+def a_url(samples: list[Sample]) -> str:
+    """The replica that failed (the one with a non-200 attempt)."""
+    return next(s.labels["replica"] for s in samples if s.labels.get("code") not in (None, "200"))
 
 
 # ---- the separate metrics bind ------------------------------------------------------------------------------------

@@ -100,9 +100,11 @@ def test_both_metrics_endpoints_move_as_sessions_pass_the_stages(tmp_path: Path)
 def check_server(before: list[Sample], during: list[Sample], after: list[Sample]) -> None:
     assert value(before, "polar_server_tasks_submitted_total") == 0
     assert value(after, "polar_server_tasks_submitted_total") == 1
-    assert value(during, "polar_server_sessions", state="running") + value(
-        during, "polar_server_sessions", state="dispatched"
-    ) == SAMPLES
+    assert (
+        value(during, "polar_server_sessions", state="running")
+        + value(during, "polar_server_sessions", state="dispatched")
+        == SAMPLES
+    )
     assert value(after, "polar_server_sessions", state="finished") == SAMPLES
     assert value(after, "polar_server_tasks", state="completed") == 1
     assert value(after, "polar_server_session_dispatches_total") == SAMPLES
