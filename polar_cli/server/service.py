@@ -25,12 +25,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
 from polar_cli.ids import session_id_for
+from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
 from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
 from polar_cli.models.service import TERMINAL_TASK_STATES, NodeStatus, ServiceStatus, SubmitAnswer
 from polar_cli.node_protocol import (
@@ -52,7 +53,15 @@ from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
 from polar_cli.server.inference import InferenceControl
 from polar_cli.server.scheduler import NodeView, choose_node
-from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
+from polar_cli.server.store import (
+    ASSIGNED,
+    NodeRow,
+    SessionRow,
+    SessionState,
+    SessionStore,
+    SQLiteStore,
+    failed_result,
+)
 from polar_cli.server.store_threads import StoreThreads
 from polar_cli.task_check import check_task
 from polar_cli.web.auth import bearer_matches, new_token
@@ -101,6 +110,9 @@ class RolloutServer:
         self.inference = InferenceControl(
             self.store, self.threads, self.gateways, self._live_nodes, config.initial_policy_version
         )
+        self.metrics = ServerMetrics()
+        self.metrics.watch(self._metrics_reading)
+        self.callbacks.metrics = self.metrics
         self._live: dict[str, NodeLive] = {}
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -184,6 +196,7 @@ class RolloutServer:
         check_task(task)  # ConfigError / UnknownComponentError: 400 before anything is stored
         submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
         if submitted.created:
+            self.metrics.tasks_submitted.inc()
             self._dispatch_wake.set()
         return SubmitAnswer(task_id=submitted.task_id, status=submitted.state, created=submitted.created)
 
@@ -225,6 +238,24 @@ class RolloutServer:
 
     async def service_status(self) -> ServiceStatus:
         return await self.threads.read(self.overview)
+
+    @property
+    def exposition(self) -> Exposition:
+        """What ``GET /metrics`` renders (the database's counts are read off the event loop first)."""
+        return Exposition(self.metrics.registry, self.metrics.refresh)
+
+    async def _metrics_reading(self) -> ServerReading:
+        sessions, tasks, pending_callbacks = await self.threads.read(self._counts)
+        nodes = [(view.healthy, view.draining) for _, view in self._views(self._nodes.values(), {})]
+        return ServerReading(sessions=sessions, tasks=tasks, pending_callbacks=pending_callbacks, nodes=nodes,
+                             policy_version=self.inference.policy_version,
+                             paused=self.inference.paused is not None)  # fmt: skip
+
+    def _counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """Sessions by state, tasks by state, callbacks pending (blocking: a store thread runs it)."""
+        sessions = {state: self.store.count_sessions(state) for state in get_args(SessionState)}
+        tasks: dict[str, int] = {str(state): n for state, n in self.store.task_counts().items()}
+        return sessions, tasks, self.store.pending_callbacks()
 
     async def _task_body(self, task_id: str) -> dict[str, Any]:
         """The task as JSON (cached: one task's sessions are sent together)."""
@@ -301,7 +332,10 @@ class RolloutServer:
         if reported.verdict == "refused":
             raise ForbiddenError(f"session {session_id!r} attempt {attempt} was never sent to node {node_id!r}")
         if reported.verdict == "requeued":
+            self.metrics.requeues.inc()
             log.warning("session %s: node %s cancelled attempt %d: %s", session_id, node_id, attempt, result.error)
+        elif reported.verdict == "accepted":  # a cancelled result accepted means its attempts ran out: an error
+            self.metrics.sessions_finished.labels("error" if result.status == "cancelled" else result.status).inc()
         if reported.verdict != "duplicate":
             self._notify()
         return SessionResultAnswer(duplicate=reported.verdict == "duplicate")
@@ -311,6 +345,10 @@ class RolloutServer:
             self.store.requeue, row.session_id, row.attempt, reason, self.config.max_attempts
         )
         if outcome is not None:
+            if outcome.accepted:  # its attempts ran out
+                self.metrics.sessions_finished.labels("error").inc()
+            else:
+                self.metrics.requeues.inc()
             log.warning("session %s: %s", row.session_id, reason)
             self._notify()
 
@@ -390,6 +428,7 @@ class RolloutServer:
             if live is not None:
                 live.reserved += 1
             batches.setdefault(node_id, []).append((row, attempt))
+            self.metrics.dispatches.inc()
         for node_id, sends in batches.items():
             for start in range(0, len(sends), SESSIONS_PER_CALL):
                 self._spawn(self._send_batch(node_id, sends[start : start + SESSIONS_PER_CALL]))
@@ -489,7 +528,9 @@ class RolloutServer:
         if 400 <= status < 500 and status not in (401, 404, 409):
             error = f"node {node_id} refused the session: {message}"
             failed = failed_result(row.task_id, row.session_id, row.sample_index, "error", error)
-            await self.threads.write(self.store.finish, row.session_id, failed)
+            finished = await self.threads.write(self.store.finish, row.session_id, failed)
+            if finished.accepted:
+                self.metrics.sessions_finished.labels("error").inc()
             self._notify()
             return
         log.warning("session %s: node %s answered %s: %s", row.session_id, node_id, status, message)
