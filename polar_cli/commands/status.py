@@ -70,7 +70,8 @@ def service_tables(status: ServiceStatus) -> Group:
             "-" if node.load.assigned is None else str(node.load.assigned),
             heartbeat,
         )
-    parts: list[RenderableType] = [tasks, sessions, nodes]
+    counts_row = Table.grid(padding=(0, 2))  # side by side: the view fits a terminal's height under --watch
+    row: list[RenderableType] = [tasks, sessions]
     if status.throughput:
         throughput = Table(title="throughput")
         for column in ("last", "finished", "per minute", "sampled tokens", "tokens/s"):
@@ -79,7 +80,9 @@ def service_tables(status: ServiceStatus) -> Group:
             rate = w.sampled_tokens / w.window_s
             throughput.add_row(_window(w.window_s), str(w.finished), f"{w.per_minute:g}", str(w.sampled_tokens),
                                f"{rate:.1f}")  # fmt: skip
-        parts.append(throughput)
+        row.append(throughput)
+    counts_row.add_row(*row)
+    parts: list[RenderableType] = [counts_row, nodes]
     pending = f"pending sessions: {status.pending_sessions}"
     if status.pending_callbacks is not None:
         pending += f"   trainer callbacks not yet delivered: {status.pending_callbacks}"

@@ -52,9 +52,10 @@ def test_status_json_has_sessions_by_stage_heartbeat_ages_the_pool_and_throughpu
 
         def holding() -> StatusReport | None:
             now = report(served)
-            return now if now.sessions.get("running", 0) + now.sessions.get("dispatched", 0) == 3 else None
+            on_node = now.sessions.get("running", 0) + now.sessions.get("dispatched", 0) == 3
+            return now if on_node and now.nodes and now.nodes[0].heartbeat_age_s is not None else None
 
-        during = until(holding, "the sessions to be on the node")
+        during = until(holding, "the sessions to be on the node, and a heartbeat")
         assert during.tasks.get("running", 0) + during.tasks.get("pending", 0) >= 1
         (node,) = during.nodes
         assert node.heartbeat_age_s is not None and 0 <= node.heartbeat_age_s < 10
