@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, get_args
@@ -33,7 +33,14 @@ from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError,
 from polar_cli.ids import session_id_for
 from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
 from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
-from polar_cli.models.service import TERMINAL_TASK_STATES, NodeStatus, ServiceStatus, SubmitAnswer
+from polar_cli.models.service import (
+    TERMINAL_TASK_STATES,
+    THROUGHPUT_WINDOWS_S,
+    NodeStatus,
+    ServiceStatus,
+    SubmitAnswer,
+    Throughput,
+)
 from polar_cli.node_protocol import (
     ATTEMPT_KEY,
     BatchSession,
@@ -114,6 +121,8 @@ class RolloutServer:
         self.metrics.watch(self._metrics_reading)
         self.callbacks.metrics = self.metrics
         self._live: dict[str, NodeLive] = {}
+        self._sampled: deque[tuple[float, int]] = deque()
+        """(when, trainable tokens) of each result accepted from a gateway in the last throughput window."""
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
@@ -223,18 +232,41 @@ class RolloutServer:
     def overview(self) -> ServiceStatus:
         """``GET /rollout/status`` (blocking: the app awaits :meth:`service_status`, which runs this off the loop)."""
         views = self._views(self.store.nodes(), self.store.assigned_counts())
+        now = time.time()
         nodes = []
         for node, view in views:
             live = self._live.get(node.node_id)
+            heard = live.last_heartbeat if live else None
+            age = None if heard is None else round(max(0.0, now - heard), 3)
             load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
             nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
-                                    load=load, last_heartbeat=live.last_heartbeat if live else None))  # fmt: skip
+                                    load=load, last_heartbeat=heard, heartbeat_age_s=age))  # fmt: skip
+        sessions = self.store.session_counts()
         return ServiceStatus(
             tasks=self.store.task_counts(),
             nodes=nodes,
-            pending_sessions=self.store.count_sessions("pending"),
+            pending_sessions=sessions.get("pending", 0),
             pending_callbacks=self.store.pending_callbacks(),
+            sessions=sessions,
+            throughput=self._throughput(now),
+            server_time=now,
         )
+
+    def _throughput(self, now: float) -> list[Throughput]:
+        finished = self.store.finished_since([now - window for window in THROUGHPUT_WINDOWS_S])
+        sampled = list(self._sampled)  # appended to on the event loop: a copy, not the live deque
+        out = []
+        for window, count in zip(THROUGHPUT_WINDOWS_S, finished, strict=True):
+            tokens = sum(n for at, n in sampled if at >= now - window)
+            out.append(Throughput(window_s=window, finished=count, per_minute=round(count * 60 / window, 2),
+                                  sampled_tokens=tokens))  # fmt: skip
+        return out
+
+    def _count_sampled(self, result: SessionResult) -> None:
+        now = time.time()
+        self._sampled.append((now, sum(trace.trainable_tokens for trace in result.trajectory.traces)))
+        while self._sampled and self._sampled[0][0] < now - max(THROUGHPUT_WINDOWS_S):
+            self._sampled.popleft()
 
     async def service_status(self) -> ServiceStatus:
         return await self.threads.read(self.overview)
@@ -336,6 +368,7 @@ class RolloutServer:
             log.warning("session %s: node %s cancelled attempt %d: %s", session_id, node_id, attempt, result.error)
         elif reported.verdict == "accepted":  # a cancelled result accepted means its attempts ran out: an error
             self.metrics.sessions_finished.labels("error" if result.status == "cancelled" else result.status).inc()
+            self._count_sampled(result)
         if reported.verdict != "duplicate":
             self._notify()
         return SessionResultAnswer(duplicate=reported.verdict == "duplicate")
