@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "polar_cli.commands.run",
     "polar_cli.commands.generate",
     "polar_cli.commands.export",
+    "polar_cli.commands.view",
     "polar_cli.commands.serve",
     "polar_cli.commands.submit",
     "polar_cli.commands.status",
