@@ -157,7 +157,10 @@
   var cache = new Map();
   function detail(i) {
     if (cache.has(i)) return cache.get(i);
-    var d = json("polar-s" + i);
+    var el = document.getElementById("polar-s" + i);
+    // while the page is still loading, a block is complete once the parser has gone past it
+    if (!el || (document.readyState === "loading" && !el.nextSibling)) return undefined;
+    var d = JSON.parse(el.textContent);
     if (d !== undefined) { cache.set(i, d); if (cache.size > 16) cache.delete(cache.keys().next().value); }
     return d;
   }
@@ -378,6 +381,7 @@
     document.documentElement.setAttribute("data-ready", what);
     performance.mark("polar-" + what);
   }
+  var pending = 0;
   function route() {
     var params = new URLSearchParams(location.hash.slice(1)), id = params.get("session");
     document.documentElement.removeAttribute("data-ready");
@@ -392,9 +396,9 @@
     if (i === undefined) { SESSION.innerHTML = '<div class="empty">no session <b class="mono"></b> here. <a href="#">all sessions</a></div>';
       SESSION.querySelector("b").textContent = id; ready("session"); return; }
     var d = detail(i);
-    if (d === undefined) {  // its block is still being parsed
-      SESSION.innerHTML = '<div class="empty">loading\u2026</div>';
-      document.addEventListener("DOMContentLoaded", route, { once: true });
+    if (d === undefined) {  // its block is not parsed yet: look again soon
+      if (!SESSION.querySelector(".loading")) SESSION.innerHTML = '<div class="empty loading">loading\u2026</div>';
+      clearTimeout(pending); pending = setTimeout(route, 15);
       return;
     }
     document.title = id + " \u00b7 " + HEAD.title;
