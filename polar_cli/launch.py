@@ -37,9 +37,19 @@ from polar_cli.server.app import create_app
 from polar_cli.server.config import ServerConfig
 from polar_cli.server.service import RolloutServer
 from polar_cli.web.listen import listen
+from polar_cli.web.metrics import listen_metrics
 
 INFO_FILE = "serve.json"
 Role = Literal["all", "server", "gateway"]
+
+
+class MetricsBind(StrictModel):
+    """A separate listener for ``GET /metrics`` (Prometheus text): no token, so an operator points Prometheus at it.
+    Unset ``port``: none; ``/metrics`` is then served only behind each component's token. In role ``all`` it serves
+    the server's and the gateway's metrics in one document (their names never clash)."""
+
+    host: str = Field(default="127.0.0.1", description="where the metrics listener binds (it needs no token)")
+    port: int | None = Field(default=None, ge=0, le=65535, description="its port (0: any free one); unset: none")
 
 
 class ServeConfig(StrictModel):
@@ -54,6 +64,7 @@ class ServeConfig(StrictModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    metrics: MetricsBind = Field(default_factory=MetricsBind)
 
 
 @dataclass
@@ -68,6 +79,8 @@ class ServeInfo:
     gateway_url: str | None = None
     node_id: str | None = None
     node_token: str | None = None
+    metrics_url: str | None = None
+    """The separate metrics listener's ``/metrics`` (``metrics.port`` set), no token needed."""
     pid: int = 0
 
 
@@ -106,6 +119,11 @@ async def serve(
             info.gateway_url, info.node_token = node.url, config.gateway.control_token
             await agent.registered.wait()
             info.node_id = agent.node_id
+        if config.metrics.port is not None:
+            sources = [part.exposition for part in (server, node) if part is not None]
+            metrics = await listen_metrics(sources, config.metrics.host, config.metrics.port)
+            stack.push_async_callback(metrics.close)
+            info.metrics_url = f"{metrics.url}/metrics"
         data_dir = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         _write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))

@@ -94,7 +94,7 @@ def test_every_module_imports_but_the_parquet_writer_which_names_the_extra(plain
 
 @pytest.mark.parametrize(
     "args", [["--help"], ["--version"], ["plugins"], ["plugins", "--json"], ["export", "--help"],
-             ["push-hub", "--help"], ["generate", "--help"], ["run", "--help"]]
+             ["push-hub", "--help"], ["view", "--help"], ["generate", "--help"], ["run", "--help"]]
 )  # fmt: skip
 def test_commands_that_need_no_extra_run(plain_env: dict[str, str], args: list[str]) -> None:
     done = polar(args, plain_env)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from polar_cli.commands.output import JsonOption, emit_json, stdout_console
+from polar_cli.commands.output import JsonOption, emit_json, stdout_console, steps
 from polar_cli.export import ExportOptions, ExportReport, export
 from polar_cli.export.hub import push_to_hub
 from polar_cli.models import validate_model
@@ -51,7 +51,8 @@ def export_command(
         "accepted_only": accepted_only, "min_reward": min_reward, "keep_rejected": keep_rejected,
         "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,
         "overwrite": overwrite}, source="polar export")  # fmt: skip
-    report = export(source, to, options)
+    with steps("polar export") as progress:
+        report = export(source, to, options, on_progress=progress.step)
     if json_output:
         emit_json(report_document(report, source))
         for line in load_hint(to):
@@ -76,7 +77,9 @@ def push_hub_command(
     exist_ok: bool = typer.Option(False, "--exist-ok", help="Upload into the repo if it already exists."),
 ) -> None:
     """Upload an exported dataset folder to the HuggingFace Hub and print its URL."""
-    typer.echo(push_to_hub(folder, repo_id, private=private, token=token, exist_ok=exist_ok))
+    with steps("polar push-hub") as progress:
+        url = push_to_hub(folder, repo_id, private=private, token=token, exist_ok=exist_ok, on_step=progress.step)
+    typer.echo(url)
 
 
 def register(app: typer.Typer) -> None:

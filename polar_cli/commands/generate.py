@@ -10,13 +10,12 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
-from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
+from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console, steps
 from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
@@ -131,13 +130,12 @@ def generate_command(
         if not agent.is_installed() and agent.version:
             if not install:
                 raise ConfigError(f"harness {agent.name!r} is not installed: polar harness install {agent.name}")
-            with console.status(f"installing {agent.name} {agent.version}"):
+            with steps("polar generate", console) as installing:
+                installing.step(f"installing {agent.name} {agent.version}")
                 agent.install()
 
-    columns = (TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
     interrupted: Interrupted | None = None
-    with Progress(*columns, console=console) as progress:
+    with progress_bar(console, "counts", eta=True) as progress:
         bar = progress.add_task("generate", total=None, counts="starting")
 
         def started(info: ServeInfo | None) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from polar_cli.commands.output import stdout_console
+from polar_cli.commands.output import stdout_console, steps
 from polar_cli.harnesses.manage import install_harnesses, list_harnesses
 
 harness_app = typer.Typer(help="List and install harness CLIs (pinned versions, Polar-managed npm prefixes).")
@@ -35,10 +35,15 @@ def install_command(
 ) -> None:
     """Install harness CLIs at their pinned versions (idempotent: present ones are skipped)."""
 
-    def progress(name: str, state: str) -> None:
-        typer.echo(f"{name}: {state}", err=True)
+    with steps("polar harness install") as progress:
+        started: list[str] = []
 
-    for name, seconds in install_harnesses(names or [], every=every, force=force, progress=progress):
+        def step(name: str, state: str) -> None:
+            started.append(name)
+            progress.step(f"{name}: {state}", len(started) - 1, len(names or []) or None)
+
+        done = install_harnesses(names or [], every=every, force=force, progress=step)
+    for name, seconds in done:
         typer.echo(f"{name}: ok ({seconds:.1f} s)")
 
 

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
-from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
+from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console, steps
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.config import GatewayConfig, PipelineConfig
@@ -164,15 +163,13 @@ def run(
     if not agent.is_installed() and agent.version:
         if not install:
             raise ConfigError(f"harness {agent.name!r} is not installed: polar harness install {agent.name}")
-        with console.status(f"installing {agent.name} {agent.version}"):
+        with steps("polar run", console) as installing:
+            installing.step(f"installing {agent.name} {agent.version}")
             agent.install()
 
     finished: list[SessionResult] = []
     interrupted: Interrupted | None = None
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[stages]}"), console=console, transient=False,
-    ) as progress:  # fmt: skip
+    with progress_bar(console, "stages") as progress:
         bar = progress.add_task(task.task_id, total=task.num_samples, stages="starting")
 
         def update(metrics: dict[str, Any], results: list[SessionResult]) -> None:

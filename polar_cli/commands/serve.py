@@ -57,6 +57,8 @@ def _announce(info: ServeInfo, data_dir: Path) -> None:
         typer.echo(f"  submit: curl -s -H 'Authorization: Bearer {info.token}' {info.url}/rollout/status")
     if info.gateway_url:
         typer.echo(f"Gateway node {info.node_id} on {info.gateway_url}")
+    if info.metrics_url:
+        typer.echo(f"Prometheus metrics (no token) on {info.metrics_url}")
     # one machine-readable line (also in <data_dir>/serve.json)
     fields = {
         "role": info.role,
@@ -64,6 +66,7 @@ def _announce(info: ServeInfo, data_dir: Path) -> None:
         "token": info.token,
         "gateway_url": info.gateway_url,
         "node_id": info.node_id,
+        "metrics_url": info.metrics_url,
     }
     typer.echo("POLAR_SERVE " + " ".join(f"{k}={v}" for k, v in fields.items() if v))
     typer.echo(f"({data_dir / INFO_FILE} has the same.)  Ctrl-C stops.")
@@ -111,6 +114,15 @@ def serve_command(
         help="On SIGTERM/Ctrl-C, take no new sessions and wait up to this many seconds for running ones "
         "(default 0: cancel them at once; the server runs them again). A second signal stops at once.",
     ),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        help="Also serve GET /metrics (Prometheus) on this port without a token, for a scraper (0: any free port). "
+        "Without it, /metrics is served behind each part's token.",
+    ),
+    metrics_host: str | None = typer.Option(
+        None, "--metrics-host", help="Interface of the --metrics-port listener (default 127.0.0.1)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings."),
 ) -> None:
     """Run the rollout service: server, gateway, or both (default). Prints the URL and the token to use."""
@@ -134,6 +146,8 @@ def serve_command(
         "gateway.pipeline.run_slots": run_slots,
         "server.heartbeat_interval_s": heartbeat,
         "drain_timeout_s": drain_timeout,
+        "metrics.port": metrics_port,
+        "metrics.host": metrics_host,
     }
     config = build_config(config_file, role, flags)
     config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session

@@ -14,11 +14,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polar_cli.client import SERVER_ENV, TOKEN_ENV, PolarClient
 from polar_cli.commands.interrupt import Interrupted, stop_on_signals
-from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
+from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console
 from polar_cli.commands.run import build_task, styled, summary_table
 from polar_cli.models import SubmitAnswer, TaskStatus
 
@@ -107,10 +106,7 @@ def _announce(client: PolarClient, answer: SubmitAnswer, console: Console) -> No
 
 def _follow(client: PolarClient, task_id: str, samples: int, console: Console) -> TaskStatus:
     """A progress bar over the task's sessions as they finish; the final TaskStatus."""
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[last]}"), console=console,
-    ) as progress:  # fmt: skip
+    with progress_bar(console, "last") as progress:
         bar = progress.add_task(task_id, total=samples, last="waiting")
         for result in client.results(task_id):
             progress.update(bar, advance=1, last=f"{result.session_id}: {styled(result.status)}")

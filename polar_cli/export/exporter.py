@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 CONFIGS = ("traces", "messages")
 REJECTED = "rejected"
+ExportProgress = Callable[[str, int, int], None]
+"""``on_progress(step, done, total)``: what the export is doing; ``done`` of ``total`` sessions while it counts
+them (0 and 0 otherwise)."""
 
 
 class ExportOptions(StrictModel):
@@ -176,11 +179,12 @@ def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str,
 
 
 def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
-           batch_rows: int = 512) -> ExportReport:  # fmt: skip
+           batch_rows: int = 512, on_progress: ExportProgress | None = None) -> ExportReport:  # fmt: skip
     """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``
     (MissingDependencyError, before anything is read, without pyarrow: the ``hf`` extra)."""
     from polar_cli.export.parquet import ShardedWriter
 
+    progress = on_progress or (lambda step, done, total: None)
     options = options or ExportOptions()
     occupied = to.exists() and (not to.is_dir() or any(to.iterdir()))
     if occupied and not options.overwrite:
@@ -188,8 +192,11 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
     staging = to.with_name(f".{to.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     with contextlib.ExitStack() as stack:
+        progress(f"reading {source}", 0, 0)
         ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
         plan, exported = _plan(ledger, options)
+        writing = f"writing {len(exported)} sessions"
+        progress(writing, 0, len(exported))
         writers: dict[tuple[str, str], ShardedWriter] = {}
 
         def writer(config: str, split: str) -> ShardedWriter:
@@ -201,7 +208,7 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         for config in CONFIGS:
             writer(config, "train")  # always present, even when empty
         info: TaskInfo | None = None
-        for row, blob, tokens in ledger.export_results(exported):
+        for done, (row, blob, tokens) in enumerate(ledger.export_results(exported), 1):
             split = plan[(row.task_id, row.sample_index)]
             if info is None or info.task_id != row.task_id:
                 info = task_info(ledger.task(row.task_id))
@@ -210,6 +217,8 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
             for values, count in trace_rows(row, info, result, tokens):
                 traces.add(values, count)
             writer("messages", split).add(message_row(row, info, result))
+            progress(writing, done, len(exported))
+        progress("writing the dataset card", 0, 0)
         report = ExportReport(out=to)
         for w in writers.values():
             w.close()
@@ -222,4 +231,5 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         shutil.rmtree(to) if to.is_dir() else to.unlink()
     staging.rename(to)
     report.files = sorted(p for p in to.rglob("*") if p.is_file())
+    progress(f"done: {len(report.files)} files in {to}", 0, 0)
     return report

@@ -6,6 +6,7 @@ The Hub's address is ``huggingface_hub``'s own (``HF_ENDPOINT``, default https:/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from polar_cli import hf_hub
@@ -14,8 +15,10 @@ from polar_cli.extras import require
 
 
 def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str | None = None,
-                exist_ok: bool = False) -> str:  # fmt: skip
-    """Create the dataset repo ``repo_id`` and upload ``folder`` into it; returns the dataset's URL."""
+                exist_ok: bool = False, on_step: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    """Create the dataset repo ``repo_id`` and upload ``folder`` into it; returns the dataset's URL. ``on_step(what)``
+    is told each step as it starts."""
+    step = on_step or (lambda what: None)
     if not (folder / "README.md").is_file():
         raise ConfigError(f"{folder} is not an exported dataset (no README.md): run polar export first")
     if hf_hub.offline():
@@ -35,7 +38,9 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
     api = huggingface_hub.HfApi(token=token)
     try:
         with hf_hub.quiet():
+            step(f"creating dataset repo {repo_id} at {hub}")
             url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=exist_ok)
+            step(f"uploading {_describe(folder)}")
             api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="dataset",
                               commit_message="Upload a dataset exported by polar")  # fmt: skip
     except HfHubHTTPError as exc:
@@ -54,3 +59,9 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
             raise HubError(f"cannot push {repo_id}: {hf_hub.cause(exc)}") from exc
         raise
     return str(url)
+
+
+def _describe(folder: Path) -> str:
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    return f"{len(files)} files ({size / 1e6:.1f} MB) from {folder}"

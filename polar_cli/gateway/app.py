@@ -11,7 +11,8 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 | ``GET /sessions/{id}`` | ``SessionInfo``: stage, stage seconds, the result once there (also from the result store) |
 | ``GET /sessions/{id}/result`` | the SessionResult, once stored (``?wait=SECONDS`` long-polls); 202 while running |
 | ``DELETE /sessions/{id}`` | cancel: the runtime is torn down at once; answers the (``cancelled``) SessionResult |
-| ``GET /metrics`` | queue depth, in-flight and capacity per stage, session counts, run-slot utilization |
+| ``GET /metrics`` | Prometheus text: the pipeline, the proxy and the inference pool (``polar_cli.metrics``) |
+| ``GET /metrics.json`` | ``StagedPipeline.metrics()``: per-stage queued, in flight and capacity; sessions; run slots |
 | ``GET /inference`` | the inference pool: ``PoolStatus`` (version, pause state, replicas) |
 | ``POST /inference/pause`` | ``PauseBody`` → ``PoolStatus`` once quiet (``wait``); 409 naming what it waited for |
 | ``POST /inference/resume`` | ``ResumeBody`` → ``PoolStatus``; sessions over their ``max_staleness`` end ``stale`` |
@@ -55,6 +56,7 @@ from polar_cli.proxy import create_proxy_app, proxy_error_shape
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import ERROR_SHAPE, Handler, error_response, json_errors, json_response
+from polar_cli.web.metrics import metrics_handler
 
 if TYPE_CHECKING:
     from polar_cli.gateway.node import GatewayNode
@@ -124,7 +126,7 @@ def create_app(node: GatewayNode) -> web.Application:
     async def cancel(request: web.Request) -> web.Response:
         return _json(await node.pipeline.cancel(check_session_id(request.match_info["session_id"])))
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def pipeline_metrics(request: web.Request) -> web.Response:
         return json_response(node.pipeline.metrics())
 
     async def inference(request: web.Request) -> web.Response:
@@ -165,7 +167,8 @@ def create_app(node: GatewayNode) -> web.Application:
             web.get("/sessions/{session_id}", guard(describe)),
             web.get("/sessions/{session_id}/result", guard(result)),
             web.delete("/sessions/{session_id}", guard(cancel)),
-            web.get("/metrics", guard(metrics)),
+            web.get("/metrics", guard(metrics_handler([node.exposition]))),
+            web.get("/metrics.json", guard(pipeline_metrics)),
             web.get("/inference", guard(inference)),
             web.post("/inference/pause", guard(pause)),
             web.post("/inference/resume", guard(resume)),

@@ -26,6 +26,7 @@ from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
 from polar_cli.gateway.session_driver import GatewaySessionDriver
 from polar_cli.ids import session_id_for
+from polar_cli.metrics import Exposition, GatewayMetrics
 from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.task import without_script
@@ -56,12 +57,20 @@ class GatewayNode:
         self.proxy = proxy or ProxyState(self.config.proxy_config())
         self.store = ResultStore(self.config.data_dir / "results")
         self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
-        self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result)
+        self.metrics = GatewayMetrics(self.proxy.metrics.registry)
+        """The node's one registry holds its proxy's metrics and its pipeline's (``GET /metrics``)."""
+        self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
+                                       metrics=self.metrics)  # fmt: skip
         self.url: str | None = None
         self.draining = False
         """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
         self._listener: Listener | None = None
         self._stale: set[asyncio.Task[SessionResult | None]] = set()  # cancellations of stale sessions under way
+
+    @property
+    def exposition(self) -> Exposition:
+        """What ``GET /metrics`` renders (and a separate metrics bind, ``polar serve --metrics-port``)."""
+        return Exposition(self.metrics.registry)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from polar_cli.gateway.driver import SessionDriver
 from polar_cli.gateway.jobs import Built, RunOutcome, SessionJob, Stage
 from polar_cli.gateway.queues import StageQueue
 from polar_cli.gateway.results import ResultStore
+from polar_cli.metrics import GatewayMetrics
 from polar_cli.models import SessionResult, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,14 @@ class StagedPipeline:
         *,
         store: ResultStore | None = None,
         on_result: Iterable[ResultCallback] = (),
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.driver = driver
         self.config = config or PipelineConfig()
         self.store = store
+        self.exported = metrics or GatewayMetrics()
+        """Its Prometheus metrics: read from :meth:`metrics` at scrape time, plus each result's stage durations."""
+        self.exported.watch(self.metrics)
         self._callbacks = list(on_result)
         self._pending: StageQueue[SessionJob] = StageQueue()
         self._ready: StageQueue[SessionJob] = StageQueue(self.config.ready_capacity)
@@ -463,6 +468,7 @@ class StagedPipeline:
         job.result = result
         job.stage = Stage.FINISHED
         self._statuses[result.status] += 1
+        self.exported.session_finished(result.stage_seconds)
         self._active.pop(job.session_id, None)
         self._finished[job.session_id] = job
         while len(self._finished) > self.config.keep_finished:

@@ -15,6 +15,11 @@ from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.session import SessionResult, TaskState, TaskStatus
 
 TERMINAL_TASK_STATES: frozenset[TaskState] = frozenset({"completed", "failed", "cancelled"})
+SessionState = Literal["pending", "dispatched", "running", "finished", "cancelled"]
+"""Where a session stands on the server: waiting for a node, sent to one, running there (its node listed it in a
+heartbeat), finished (its result committed), or cancelled with its task."""
+THROUGHPUT_WINDOWS_S: tuple[int, ...] = (60, 300, 900)
+"""The windows ``ServiceStatus.throughput`` reports: the last 1, 5 and 15 minutes."""
 
 
 class SubmitAnswer(BaseModel):
@@ -46,15 +51,31 @@ class NodeStatus(BaseModel):
     draining: bool = False
     load: NodeLoad = Field(default_factory=NodeLoad)
     last_heartbeat: float | None = None
+    heartbeat_age_s: float | None = None
+    """Seconds since the server last heard a heartbeat from the node (by the server's own clock; None: none yet)."""
+
+
+class Throughput(BaseModel):
+    """Sessions finished (results committed) in the last ``window_s`` seconds, and the tokens the policy sampled in
+    them (``sampled_tokens``: the trainable tokens of the results gateways reported since the server started)."""
+
+    window_s: int
+    finished: int = 0
+    per_minute: float = 0.0
+    sampled_tokens: int = 0
 
 
 class ServiceStatus(BaseModel):
-    """``GET /rollout/status``: tasks by state, the nodes, and sessions not yet dispatched."""
+    """``GET /rollout/status``: tasks by state, sessions by state, the nodes, and throughput over the last minutes."""
 
     tasks: dict[TaskState, int] = Field(default_factory=dict)
     nodes: list[NodeStatus] = Field(default_factory=list)
     pending_sessions: int = 0
     pending_callbacks: int | None = None  # trainer callbacks not yet acknowledged, when the server reports them
+    sessions: dict[SessionState, int] = Field(default_factory=dict)
+    throughput: list[Throughput] = Field(default_factory=list)
+    server_time: float | None = None
+    """The server's clock (Unix seconds) when it answered."""
 
 
 class GatewayPool(BaseModel):
@@ -73,6 +94,14 @@ class InferenceStatus(BaseModel):
     policy_version: int
     paused: PauseMode | None = None
     gateways: list[GatewayPool] = Field(default_factory=list)
+
+
+class StatusReport(ServiceStatus):
+    """What ``polar status --json`` prints: the ``ServiceStatus`` and the server's ``InferenceStatus``
+    (``inference_error`` says why the pools are missing when ``GET /inference`` failed)."""
+
+    inference: InferenceStatus | None = None
+    inference_error: str | None = None
 
 
 class SessionResultCallback(BaseModel):

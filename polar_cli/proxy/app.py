@@ -93,11 +93,29 @@ class ProxyHandler:
         self._fallback_logged = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """One request under ``/s/{session_id}``, counted in the proxy's metrics by provider, endpoint, answer and
+        stream mode (generation requests are timed too)."""
+        began = time.monotonic()
+        seen = _Seen()
+        code = 500
+        try:
+            response = await self._handle(request, seen)
+            code = response.status
+            return response
+        except asyncio.CancelledError:
+            code = 499  # the client left before the answer
+            raise
+        finally:
+            seconds = time.monotonic() - began if seen.endpoint == "generate" else None
+            self.state.metrics.request(seen.provider, seen.endpoint, code, seen.stream, seconds)
+
+    async def _handle(self, request: web.Request, seen: _Seen) -> web.StreamResponse:
         started = time.time()
         session_id = request.match_info["session_id"]
         tail = request.match_info.get("tail") or "/"
         headers = {k.lower(): v for k, v in request.headers.items()}
         found = detect(request.method, tail, headers, request.query)
+        seen.provider, seen.endpoint = found.provider, found.kind
         codec = get_codec(found.provider)
         if not is_session_id(session_id):
             return provider_error(codec, 400, f"invalid session id {session_id!r}: use {SESSION_ID_RULE}")
@@ -124,6 +142,7 @@ class ProxyHandler:
                 count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
                 return _json(codec.count_tokens_body(count))
             chat = codec.decode(body, found.route)
+            seen.stream = bool(chat.stream)
             if session.sampling is not None:
                 apply_sampling(chat.params, session.sampling)  # the task's, over the harness's, for every provider
             call = ProxyCall(self.state, request, session, codec, found, body, raw, started, chat)
@@ -165,6 +184,15 @@ class ProxyHandler:
                 self.state.backend.name or type(self.state.backend).__name__,
             )
         return False
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What a request turned out to be, for its metrics (bounded values only: never the session)."""
+
+    provider: str = "unknown"
+    endpoint: str = "unknown"
+    stream: bool = False
 
 
 @dataclass(slots=True)
@@ -268,7 +296,9 @@ class ProxyCall:
         )
         if session.sampling is not None:
             record["metadata"]["sampling"] = session.sampling.forced()
-        await registry.record(session, record)
+        written = await registry.record(session, record)
+        self.state.metrics.captured(self.codec.provider, delivery, len(generation.prompt_ids),
+                                    len(generation.response_ids), written)  # fmt: skip
         if generation.response_logprobs is not None:
             registry.raw_logprobs.check(session.task_key, self.chat.params, generation.logprobs_mode)
 

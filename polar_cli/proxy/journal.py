@@ -167,13 +167,15 @@ class Journal:
                     highest = index
         return highest + 1
 
-    async def append_async(self, record: dict[str, Any]) -> None:
-        """Append one record: written and flushed in a worker thread; returns once the OS has the line."""
+    async def append_async(self, record: dict[str, Any]) -> int:
+        """Append one record: written and flushed in a worker thread; returns (its size in bytes) once the OS has the
+        line."""
         line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:  # FIFO: lines land in the order append_async was called
             await asyncio.to_thread(self._write, line)
+        return len(line)
 
     async def aclose(self) -> None:
         """Close once the appends already under way are written."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from pydantic import Field
 
 from polar_cli.errors import BackendError, ConfigError, PauseTimeout
 from polar_cli.interfaces.backend import BackendClient
+from polar_cli.metrics import ProxyMetrics, replica_label
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
 from polar_cli.models.inference import (
@@ -176,6 +178,8 @@ class InferencePool(BackendClient):
         self._affinity: dict[str, _Replica] = {}
         self._health: asyncio.Task[None] | None = None
         self._closed = False
+        self.metrics: ProxyMetrics | None = None
+        """Where each upstream attempt is counted and timed, per replica (the proxy's, set by ``ProxyState``)."""
 
     @classmethod
     def of(cls, client: BackendClient) -> InferencePool:
@@ -396,15 +400,20 @@ class InferencePool(BackendClient):
         failures are retried with backoff (``with_retries``: the retry budget and the session's deadline)."""
         self._ensure_health_loop()
         failed: set[_Replica] = set()
+        tries = 0
 
         async def attempt(budget_s: float) -> Any:
+            nonlocal tries
             while True:
                 await self._gate()  # every try passes the pause gate: a retry never slips into a pause
                 replica = self._pick(session_id, failed)
                 flight = self._take_off(replica, session_id, streamed)
+                tries += 1
+                began = time.monotonic()
                 try:
                     result = await once(replica, flight)
                 except BackendError as exc:
+                    self._count(replica, exc.status, streamed, began, tries > 1)
                     replica.errors += 1
                     replica.last_error = str(exc)[:500]
                     if replica.url is not None and replica.url not in str(exc):
@@ -415,10 +424,15 @@ class InferencePool(BackendClient):
                         if any(r.state == "healthy" and r not in failed for r in self._replicas):
                             continue  # straight to another replica: each can fail this call once
                     raise
+                self._count(replica, 200, streamed, began, tries > 1)
                 replica.calls += 1
                 return result
 
         return await with_retries(attempt, self.retry, timeout_s=self.timeout_s, what="the inference pool")
+
+    def _count(self, replica: _Replica, code: int, streamed: bool, began: float, retry: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream(replica_label(replica.url), code, streamed, time.monotonic() - began, retry)
 
     def _pick(self, session_id: str, failed: set[_Replica]) -> _Replica:
         """The session's replica while it is healthy; else the healthy replica with the fewest calls in flight (then

@@ -191,8 +191,9 @@ class SessionRegistry:
         if session is not None:
             session.deadline = deadline
 
-    async def record(self, session: Session, record: dict[str, Any]) -> None:
+    async def record(self, session: Session, record: dict[str, Any]) -> int:
         """Journal (write + flush) or keep one captured completion; ``record['index']`` must be ``session.count``.
+        Returns the bytes appended to the journal (0 without one).
 
         The count moves on before the journal write is awaited, so concurrent calls of one session take distinct,
         increasing indices and are written in that order. A failed write leaves a gap in the indices, never a reused
@@ -202,10 +203,10 @@ class SessionRegistry:
         if isinstance(version, int) and (session.oldest_version is None or version < session.oldest_version):
             session.oldest_version = version
         if session.journal is not None:
-            await session.journal.append_async(record)
-        else:
-            # serialized, like the journal: bytes cost the garbage collector nothing, 32K-int lists do
-            session.memory.append(orjson.dumps(record))
+            return await session.journal.append_async(record)
+        # serialized, like the journal: bytes cost the garbage collector nothing, 32K-int lists do
+        session.memory.append(orjson.dumps(record))
+        return 0
 
     def completions_json(self, session_id: str) -> bytes:
         """The session's completions as one JSON array, in order (journal lines that are not records are skipped)."""

@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from polar_cli.interfaces.backend import BackendClient
+from polar_cli.metrics import PoolReading, ProxyMetrics, ReplicaReading, replica_label
 from polar_cli.models import Completion
+from polar_cli.models.inference import is_remote
 from polar_cli.models.task import SamplingSpec
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.pool import InferencePool
@@ -17,10 +19,15 @@ from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
 class ProxyState:
     """One proxy's live state. The gateway uses it directly from Python; the aiohttp app serves it over HTTP."""
 
-    def __init__(self, config: ProxyConfig, backend: BackendClient | None = None) -> None:
+    def __init__(
+        self, config: ProxyConfig, backend: BackendClient | None = None, *, metrics: ProxyMetrics | None = None
+    ) -> None:
         from polar_cli.registry import get_backend
 
         self.config = config
+        self.metrics = metrics or ProxyMetrics()
+        """Its calls, captures and journal, and its pool's upstream calls (``self.metrics.registry``: a gateway node
+        exports it with its pipeline's metrics)."""
         if backend is None:
             factory = get_backend(config.backend)
 
@@ -33,10 +40,18 @@ class ProxyState:
                                       timeout_s=config.backend_timeout_s or 600.0, config=config.pool)  # fmt: skip
         else:
             self.pool = backend if isinstance(backend, InferencePool) else InferencePool.of(backend)
+        self.pool.metrics = self.metrics
         self.backend: BackendClient = self.pool
         self.registry = SessionRegistry(self.backend, config.journal_dir)
+        self.metrics.watch(self._pool_reading, lambda: len(self.registry.sessions()))
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None
+
+    def _pool_reading(self) -> PoolReading:
+        status = self.pool.status()
+        replicas = [ReplicaReading(replica_label(r.url if is_remote(r.url) else None), r.state == "healthy",
+                                   r.in_flight) for r in status.replicas]  # fmt: skip
+        return PoolReading(status.policy_version, status.paused is not None, status.waiting, replicas)
 
     def session_info(self, session: Session, base_url: str | None = None) -> dict[str, Any]:
         """What a session's creator needs: id, secret, base URLs per provider family."""

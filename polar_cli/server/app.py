@@ -23,6 +23,7 @@ from polar_cli.server.service import RolloutServer
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import Handler, json_errors, json_response
+from polar_cli.web.metrics import metrics_handler
 
 MAX_BODY_MB = 256
 M = TypeVar("M", bound=BaseModel)
@@ -110,6 +111,7 @@ def create_app(server: RolloutServer) -> web.Application:
     app.router.add_get("/rollout/task/{task_id}", guard(task_status))
     app.router.add_delete("/rollout/task/{task_id}", guard(cancel))
     app.router.add_get("/rollout/status", guard(status))
+    app.router.add_get("/metrics", guard(metrics_handler([server.exposition])))
     app.router.add_post("/nodes/register", guard(register))
     app.router.add_post("/nodes/{node_id}/heartbeat", heartbeat)
     app.router.add_delete("/nodes/{node_id}", guard(drain))

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from polar_cli.backoff import Backoff
+from polar_cli.metrics import ServerMetrics
 from polar_cli.server.store import Callback, SessionStore
 from polar_cli.server.store_threads import StoreThreads
 
@@ -46,6 +47,8 @@ class CallbackSender:
         self.backoff = backoff
         self.client = client
         self.threads = threads
+        self.metrics: ServerMetrics | None = None
+        """Where each POST is counted, delivered or failed (the server's)."""
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -71,10 +74,16 @@ class CallbackSender:
             )
             if response.is_success:
                 await self.threads.write(self.store.callback_delivered, callback.id)
+                self._count(callback, "delivered")
                 return
             error = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
+        self._count(callback, "failed")
         delay = self.backoff.delay(callback.attempts + 1)
         log.info("callback %s to %s failed (%s); retrying in %.1f s", callback.key, callback.url, error, delay)
         await self.threads.write(self.store.callback_failed, callback.id, time.time() + delay, error)
+
+    def _count(self, callback: Callback, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.callbacks.labels(callback.kind, result).inc()

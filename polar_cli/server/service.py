@@ -22,17 +22,25 @@ import logging
 import os
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
 from polar_cli.ids import session_id_for
+from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
 from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
-from polar_cli.models.service import TERMINAL_TASK_STATES, NodeStatus, ServiceStatus, SubmitAnswer
+from polar_cli.models.service import (
+    TERMINAL_TASK_STATES,
+    THROUGHPUT_WINDOWS_S,
+    NodeStatus,
+    ServiceStatus,
+    SubmitAnswer,
+    Throughput,
+)
 from polar_cli.node_protocol import (
     ATTEMPT_KEY,
     BatchSession,
@@ -52,7 +60,15 @@ from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
 from polar_cli.server.inference import InferenceControl
 from polar_cli.server.scheduler import NodeView, choose_node
-from polar_cli.server.store import ASSIGNED, NodeRow, SessionRow, SessionStore, SQLiteStore, failed_result
+from polar_cli.server.store import (
+    ASSIGNED,
+    NodeRow,
+    SessionRow,
+    SessionState,
+    SessionStore,
+    SQLiteStore,
+    failed_result,
+)
 from polar_cli.server.store_threads import StoreThreads
 from polar_cli.task_check import check_task
 from polar_cli.web.auth import bearer_matches, new_token
@@ -101,7 +117,12 @@ class RolloutServer:
         self.inference = InferenceControl(
             self.store, self.threads, self.gateways, self._live_nodes, config.initial_policy_version
         )
+        self.metrics = ServerMetrics()
+        self.metrics.watch(self._metrics_reading)
+        self.callbacks.metrics = self.metrics
         self._live: dict[str, NodeLive] = {}
+        self._sampled: deque[tuple[float, int]] = deque()
+        """(when, trainable tokens) of each result accepted from a gateway in the last throughput window."""
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
@@ -184,6 +205,7 @@ class RolloutServer:
         check_task(task)  # ConfigError / UnknownComponentError: 400 before anything is stored
         submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
         if submitted.created:
+            self.metrics.tasks_submitted.inc()
             self._dispatch_wake.set()
         return SubmitAnswer(task_id=submitted.task_id, status=submitted.state, created=submitted.created)
 
@@ -210,21 +232,62 @@ class RolloutServer:
     def overview(self) -> ServiceStatus:
         """``GET /rollout/status`` (blocking: the app awaits :meth:`service_status`, which runs this off the loop)."""
         views = self._views(self.store.nodes(), self.store.assigned_counts())
+        now = time.time()
         nodes = []
         for node, view in views:
             live = self._live.get(node.node_id)
+            heard = live.last_heartbeat if live else None
+            age = None if heard is None else round(max(0.0, now - heard), 3)
             load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
             nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
-                                    load=load, last_heartbeat=live.last_heartbeat if live else None))  # fmt: skip
+                                    load=load, last_heartbeat=heard, heartbeat_age_s=age))  # fmt: skip
+        sessions = self.store.session_counts()
         return ServiceStatus(
             tasks=self.store.task_counts(),
             nodes=nodes,
-            pending_sessions=self.store.count_sessions("pending"),
+            pending_sessions=sessions.get("pending", 0),
             pending_callbacks=self.store.pending_callbacks(),
+            sessions=sessions,
+            throughput=self._throughput(now),
+            server_time=now,
         )
+
+    def _throughput(self, now: float) -> list[Throughput]:
+        finished = self.store.finished_since([now - window for window in THROUGHPUT_WINDOWS_S])
+        sampled = list(self._sampled)  # appended to on the event loop: a copy, not the live deque
+        out = []
+        for window, count in zip(THROUGHPUT_WINDOWS_S, finished, strict=True):
+            tokens = sum(n for at, n in sampled if at >= now - window)
+            out.append(Throughput(window_s=window, finished=count, per_minute=round(count * 60 / window, 2),
+                                  sampled_tokens=tokens))  # fmt: skip
+        return out
+
+    def _count_sampled(self, result: SessionResult) -> None:
+        now = time.time()
+        self._sampled.append((now, sum(trace.trainable_tokens for trace in result.trajectory.traces)))
+        while self._sampled and self._sampled[0][0] < now - max(THROUGHPUT_WINDOWS_S):
+            self._sampled.popleft()
 
     async def service_status(self) -> ServiceStatus:
         return await self.threads.read(self.overview)
+
+    @property
+    def exposition(self) -> Exposition:
+        """What ``GET /metrics`` renders (the database's counts are read off the event loop first)."""
+        return Exposition(self.metrics.registry, self.metrics.refresh)
+
+    async def _metrics_reading(self) -> ServerReading:
+        sessions, tasks, pending_callbacks = await self.threads.read(self._counts)
+        nodes = [(view.healthy, view.draining) for _, view in self._views(self._nodes.values(), {})]
+        return ServerReading(sessions=sessions, tasks=tasks, pending_callbacks=pending_callbacks, nodes=nodes,
+                             policy_version=self.inference.policy_version,
+                             paused=self.inference.paused is not None)  # fmt: skip
+
+    def _counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """Sessions by state, tasks by state, callbacks pending (blocking: a store thread runs it)."""
+        sessions = {state: self.store.count_sessions(state) for state in get_args(SessionState)}
+        tasks: dict[str, int] = {str(state): n for state, n in self.store.task_counts().items()}
+        return sessions, tasks, self.store.pending_callbacks()
 
     async def _task_body(self, task_id: str) -> dict[str, Any]:
         """The task as JSON (cached: one task's sessions are sent together)."""
@@ -301,7 +364,11 @@ class RolloutServer:
         if reported.verdict == "refused":
             raise ForbiddenError(f"session {session_id!r} attempt {attempt} was never sent to node {node_id!r}")
         if reported.verdict == "requeued":
+            self.metrics.requeues.inc()
             log.warning("session %s: node %s cancelled attempt %d: %s", session_id, node_id, attempt, result.error)
+        elif reported.verdict == "accepted":  # a cancelled result accepted means its attempts ran out: an error
+            self.metrics.sessions_finished.labels("error" if result.status == "cancelled" else result.status).inc()
+            self._count_sampled(result)
         if reported.verdict != "duplicate":
             self._notify()
         return SessionResultAnswer(duplicate=reported.verdict == "duplicate")
@@ -311,6 +378,10 @@ class RolloutServer:
             self.store.requeue, row.session_id, row.attempt, reason, self.config.max_attempts
         )
         if outcome is not None:
+            if outcome.accepted:  # its attempts ran out
+                self.metrics.sessions_finished.labels("error").inc()
+            else:
+                self.metrics.requeues.inc()
             log.warning("session %s: %s", row.session_id, reason)
             self._notify()
 
@@ -390,6 +461,7 @@ class RolloutServer:
             if live is not None:
                 live.reserved += 1
             batches.setdefault(node_id, []).append((row, attempt))
+            self.metrics.dispatches.inc()
         for node_id, sends in batches.items():
             for start in range(0, len(sends), SESSIONS_PER_CALL):
                 self._spawn(self._send_batch(node_id, sends[start : start + SESSIONS_PER_CALL]))
@@ -489,7 +561,9 @@ class RolloutServer:
         if 400 <= status < 500 and status not in (401, 404, 409):
             error = f"node {node_id} refused the session: {message}"
             failed = failed_result(row.task_id, row.session_id, row.sample_index, "error", error)
-            await self.threads.write(self.store.finish, row.session_id, failed)
+            finished = await self.threads.write(self.store.finish, row.session_id, failed)
+            if finished.accepted:
+                self.metrics.sessions_finished.labels("error").inc()
             self._notify()
             return
         log.warning("session %s: node %s answered %s: %s", row.session_id, node_id, status, message)

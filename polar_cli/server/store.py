@@ -24,9 +24,16 @@ from typing import Any, Literal, Protocol, cast
 import orjson
 
 from polar_cli.errors import SessionError, SessionExistsError
-from polar_cli.models import SessionResult, TaskRequest, TaskState, TaskStatus, Trajectory, TrajectoryStatus
+from polar_cli.models import (
+    SessionResult,
+    SessionState,
+    TaskRequest,
+    TaskState,
+    TaskStatus,
+    Trajectory,
+    TrajectoryStatus,
+)
 
-SessionState = Literal["pending", "dispatched", "running", "finished", "cancelled"]
 UNFINISHED = ("pending", "dispatched", "running")
 ASSIGNED = ("dispatched", "running")
 CallbackKind = Literal["session_result", "task_status"]
@@ -136,6 +143,8 @@ class SessionStore(Protocol):
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
     ) -> list[SessionRow]: ...
     def count_sessions(self, state: SessionState) -> int: ...
+    def session_counts(self) -> dict[SessionState, int]: ...
+    def finished_since(self, times: list[float]) -> list[int]: ...
     def assigned_counts(self) -> dict[str, int]: ...
     def dispatch(self, session_id: str, node_id: str) -> int | None: ...
     def dispatch_many(self, assignments: list[tuple[str, str]]) -> list[int | None]: ...
@@ -173,6 +182,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, node_id TEXT, result TEXT, updated_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, node_id);
+CREATE INDEX IF NOT EXISTS sessions_finished ON sessions(state, updated_at);
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY, url TEXT NOT NULL, token TEXT NOT NULL, run_slots INTEGER NOT NULL,
     draining INTEGER NOT NULL DEFAULT 0, registered_at REAL NOT NULL);
@@ -446,6 +456,19 @@ class SQLiteStore:
 
     def count_sessions(self, state: SessionState) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM sessions WHERE state = ?", (state,)).fetchone()[0])
+
+    def session_counts(self) -> dict[SessionState, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state").fetchall()
+        return {cast(SessionState, r["state"]): r["n"] for r in rows}
+
+    def finished_since(self, times: list[float]) -> list[int]:
+        """How many sessions finished at or after each of ``times`` (a finished session's ``updated_at`` is when its
+        result was committed: it never changes again)."""
+        if not times:
+            return []
+        counts = ", ".join("COALESCE(SUM(updated_at >= ?), 0)" for _ in times)
+        sql = f"SELECT {counts} FROM sessions WHERE state = 'finished' AND updated_at >= ?"
+        return [int(n) for n in self._db.execute(sql, [*times, min(times)]).fetchone()]
 
     def assigned_counts(self) -> dict[str, int]:
         rows = self._db.execute(

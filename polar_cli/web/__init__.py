@@ -8,5 +8,7 @@ proxy), one module per concept:
 - :mod:`~polar_cli.web.disconnect`: ``client_gone(request)``, an event set the moment the client hangs up;
 - :mod:`~polar_cli.web.parser_errors`: ``app_runner``, whose HTTP-parser errors are answered in the app's shape
   (the one module on aiohttp's private API);
-- :mod:`~polar_cli.web.listen`: ``listen(app, host, port)``, bind and serve with all of the above, and ``listen_url``.
+- :mod:`~polar_cli.web.listen`: ``listen(app, host, port)``, bind and serve with all of the above, and ``listen_url``;
+- :mod:`~polar_cli.web.metrics`: the ``GET /metrics`` handler (Prometheus text) and ``listen_metrics``, the separate
+  metrics bind.
 """

@@ -105,7 +105,7 @@ def test_completed_timeout_crash_and_cancel_in_one_gateway(tmp_path: Path) -> No
             jobs = {name: await node.submit(t) for name, t in tasks.items()}
             await until(lambda: pid_file.exists() and pid_file.read_text().strip(), "the agent to start")
             async with httpx.AsyncClient(base_url=node.url, timeout=60, headers=control(node)) as client:
-                metrics = (await client.get("/metrics")).json()
+                metrics = (await client.get("/metrics.json")).json()
                 assert metrics["stages"]["running"]["capacity"] == 4
                 session = jobs["cancel"].session_id
                 assert (await client.get(f"/sessions/{session}")).json()["stage"] == "running"

@@ -52,8 +52,9 @@ def push(folder: Path, endpoint: str, *extra: str, token: str = "hf_wrong") -> t
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one error line, after the progress lines of the steps that ran (stderr is not a terminal here)."""
     assert done.returncode == 1 and done.stdout == ""
-    lines = done.stderr.splitlines()
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("polar push-hub: ")]
     assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
     assert not any(noise in done.stderr for noise in LIBRARY_NOISE)
     return lines[0]
@@ -66,6 +67,18 @@ def test_push_hub_without_a_hub_is_one_line_within_seconds(dataset_folder: Path)
     hub = f"http://127.0.0.1:{port}"
     assert line.startswith(f"Error: cannot push user/x: the HuggingFace Hub at {hub} cannot be reached")
     assert "refused" in line.lower() and seconds < 15
+
+
+def test_push_hub_prints_each_step_on_stderr_and_the_url_on_stdout(dataset_folder: Path) -> None:
+    with FakeHub() as hub:
+        done, _ = push(dataset_folder, hub.url, token=hub.token)
+        assert set(hub.files["user/x"]) == {"README.md", "traces/train-00000.parquet"}
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{hub.url}/datasets/user/x"
+    assert done.stderr.splitlines() == [
+        f"polar push-hub: creating dataset repo user/x at {hub.url}",
+        f"polar push-hub: uploading 2 files (0.0 MB) from {dataset_folder}",
+    ]
 
 
 def test_push_hub_with_a_refused_token_is_one_line(dataset_folder: Path) -> None:

@@ -137,7 +137,7 @@ async def until_true(check: Any, what: str, within: float = 90.0) -> Any:
 
 async def gateway_metrics(url: str, token: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=10) as http:
-        response = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+        response = await http.get(f"{url}/metrics.json", headers={"Authorization": f"Bearer {token}"})
         response.raise_for_status()
         return dict(response.json())
 

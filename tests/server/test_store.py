@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,19 @@ def test_cancel_and_reopen(tmp_path: Path) -> None:
     assert [r.status for r in status.results] == ["completed", "cancelled", "cancelled"]
     assert reopened.meta("token") == "secret" and reopened.node("n1") is not None
     assert [c.key for c in reopened.due_callbacks(now=1e12)] == ["session_result:a"]  # then the status
+
+
+def test_sessions_by_state_and_finished_since(tmp_path: Path) -> None:
+    """``GET /rollout/status`` counts sessions by state and, from the commit times, those finished in each window."""
+    store = SQLiteStore(tmp_path / "s.db")
+    store.submit(make_task(samples=3, callback_url=None), ["a", "b", "c"])
+    store.dispatch("a", "n1")
+    store.dispatch("b", "n1")
+    store.mark_running("n1", ["b"])
+    assert store.session_counts() == {"pending": 1, "dispatched": 1, "running": 1}
+    assert store.finished_since([0.0]) == [0]
+    before = time.time()
+    store.finish("b", result("b"))
+    assert store.session_counts() == {"pending": 1, "dispatched": 1, "finished": 1}
+    assert store.finished_since([before - 60, before, time.time() + 60]) == [1, 1, 0]
+    assert store.finished_since([]) == []

@@ -90,7 +90,7 @@ def _proxy_count(client: httpx.Client) -> int:
 
 
 def _gateway_count(client: httpx.Client) -> int:
-    return int(client.get("/metrics").json()["sessions"]["submitted"])
+    return int(client.get("/metrics.json").json()["sessions"]["submitted"])
 
 
 def _server_count(client: httpx.Client) -> int:
@@ -113,7 +113,7 @@ async def _start(kind: str, root: Path, stack: AsyncExitStack) -> Served:
         assert node.url is not None
         return Served(kind, node.url, gateway.control_token, "/sessions",
                       lambda sid, metadata: {"task": shell_task(sid, metadata), "session_id": sid},
-                      ["/metrics", "/proxy/sessions"], _gateway_count, lambda sid: f"/sessions/{sid}")  # fmt: skip
+                      ["/metrics.json", "/proxy/sessions"], _gateway_count, lambda sid: f"/sessions/{sid}")  # fmt: skip
     server = await stack.enter_async_context(RolloutServer(ServerConfig(port=0, data_dir=root / "data", token="t")))
     listener = await listen(create_app(server), "127.0.0.1", 0)
     stack.push_async_callback(listener.close)

@@ -1,0 +1,59 @@
+"""``polar view PATH [--out FILE] [--serve]``: sessions as one self-contained HTML page (docs/view.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from polar_cli.view import ViewServer, load_view, render_html
+
+
+def default_out(source: Path) -> Path:
+    """``results.jsonl`` -> ``./results.html``; a folder ``rollouts/`` -> ``./rollouts.html`` (never inside the
+    folder: an exported dataset folder is what gets pushed to the hub)."""
+    name = source.resolve().name
+    return Path((name.rsplit(".", 1)[0] if source.is_file() else name) + ".html")
+
+
+SOURCE_HELP = "A polar run --out results file (JSONL), a polar generate folder or an exported dataset folder."
+OUT_HELP = "The HTML file to write (default: ./<name>.html; with --serve, none unless given)."
+TOKENIZER_HELP = "HF tokenizer (folder or hub id): the text of prompt tokens and of tokens recorded without text."
+
+
+def view_command(
+    source: Annotated[Path, typer.Argument(help=SOURCE_HELP)],
+    out: Annotated[Path | None, typer.Option("--out", help=OUT_HELP)] = None,
+    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 (read-only) until Ctrl-C."),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port for --serve (0: a free one)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
+    title: str | None = typer.Option(None, "--title", help="The page title."),
+) -> None:
+    """Open results in the browser: a session list, and each session's chains as token streams with their loss mask,
+    logprobs, messages and evaluator report."""
+    loaded = None
+    if tokenizer is not None:
+        from polar_cli.proxy.render import load_tokenizer
+
+        loaded = load_tokenizer(tokenizer)
+    view = load_view(source, tokenizer=loaded)
+    page = render_html(view, title=title).encode()
+    if out is not None or not serve:
+        target = out or default_out(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(page)
+        typer.echo(f"{len(view.sessions)} sessions -> {target} (open file://{target.resolve()})")
+    if serve:
+        server = ViewServer(page, port=port)
+        typer.echo(f"serving {len(view.sessions)} sessions at {server.url} (read-only, Ctrl-C stops)")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            typer.echo("stopped.", err=True)
+        finally:
+            server.server_close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("view")(view_command)

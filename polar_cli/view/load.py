@@ -1,0 +1,174 @@
+"""Reading what ``polar view`` shows: a ``polar run --out`` JSONL of SessionResults, a ``polar generate`` folder
+(its ledger), or a ``polar export`` dataset folder (parquet), into the view model.
+
+Kept in one module so it can later share one loader with ``polar_cli.recompute``, which reads the same three inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from polar_cli.errors import ConfigError
+from polar_cli.models import SessionResult
+from polar_cli.view.model import ChainStart, ChainView, SessionView, ViewData
+
+
+def load_view(path: Path, *, tokenizer: Any = None) -> ViewData:
+    """Every session in ``path`` (its kind told by its shape); ``tokenizer`` (an HF tokenizer, optional) gives the
+    prompt tokens and the tokens without text (mask-0 tokens, datasets) their text."""
+    path = Path(path)
+    if path.is_file():
+        view = ViewData(str(path), "results", list(_results_file(path)))
+    elif (path / "ledger.db").is_file():
+        view = ViewData(str(path), "generate", list(_generate_folder(path)))
+    elif path.is_dir() and any((path / "traces").glob("*.parquet")):
+        view = ViewData(str(path), "dataset", _dataset_folder(path))
+    elif not path.exists():
+        raise ConfigError(f"{path}: no such file or folder")
+    else:
+        raise ConfigError(f"{path}: not a results file (JSONL of SessionResults), a polar generate folder (ledger.db) "
+                          "or an exported dataset folder (traces/*.parquet)")  # fmt: skip
+    if tokenizer is not None:
+        for session in view.sessions:
+            for chain in session.chains:
+                decode_tokens(chain, tokenizer)
+    return view
+
+
+def decode_tokens(chain: ChainView, tokenizer: Any) -> None:
+    """Give the prompt and every response token without text the tokenizer's token string (byte-level ones are
+    decoded to text by the page, as the backend's are)."""
+    chain.prompt_tokens = [str(t) for t in tokenizer.convert_ids_to_tokens(chain.prompt_ids)]
+    known = chain.tokens or [None] * len(chain.response_ids)
+    missing = [i for i, t in enumerate(known) if t is None]
+    if missing:
+        texts = tokenizer.convert_ids_to_tokens([chain.response_ids[i] for i in missing])
+        for i, text in zip(missing, texts, strict=True):
+            known[i] = None if text is None else str(text)
+        chain.tokens = known
+
+
+def session_view(result: SessionResult, *, harness: str | None = None, model: str | None = None,
+                 accepted: bool | None = None) -> SessionView:  # fmt: skip
+    """One SessionResult as the page shows it."""
+    trajectory = result.trajectory
+    starts = _chain_starts(trajectory.metadata)
+    chains = []
+    for number, trace in enumerate(trajectory.traces):
+        entries = trace.response_logprobs
+        tokens = None if entries is None else [e.get("token") for e in entries]
+        chains.append(ChainView(
+            prompt_ids=trace.prompt_ids, response_ids=trace.response_ids, loss_mask=trace.loss_mask,
+            logprobs=None if entries is None else [e["logprob"] for e in entries],
+            tokens=tokens if tokens is not None and any(t is not None for t in tokens) else None,
+            prompt_messages=trace.prompt_messages, response_messages=trace.response_messages,
+            tools=len(trace.tools or []), role=trace.role, role_reason=trace.role_reason, trainable=trace.trainable,
+            reward=trace.reward, finish_reason=trace.finish_reason, start=starts.get(number),
+            metadata=trace.metadata,
+        ))  # fmt: skip
+    first = trajectory.traces[0].metadata if trajectory.traces else {}
+    metadata = dict(result.metadata)
+    evaluation = metadata.pop("evaluation", None)
+    return SessionView(
+        session_id=result.session_id, status=result.status, task_id=result.task_id, sample_index=result.sample_index,
+        reward=result.reward, harness=harness or first.get("harness") or metadata.get("harness"),
+        model=model or first.get("model") or metadata.get("model"), completions=result.num_completions,
+        error=result.error or trajectory.error, accepted=accepted,
+        evaluation=evaluation if isinstance(evaluation, dict) else None, metadata=metadata,
+        trajectory_metadata={k: v for k, v in trajectory.metadata.items() if k != "breaks"},
+        stage_seconds=result.stage_seconds, harness_stderr=result.harness_stderr, chains=chains,
+    )  # fmt: skip
+
+
+def _chain_starts(metadata: dict[str, Any]) -> dict[int, ChainStart]:
+    starts = {}
+    for entry in metadata.get("breaks") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("chain"), int):
+            starts[entry["chain"]] = ChainStart(
+                cause=str(entry.get("cause")), closest_chain=entry.get("closest_chain"),
+                common_prefix=entry.get("common_prefix"), closest_prompt_tokens=entry.get("closest_prompt_tokens"),
+                completion_index=entry.get("completion_index"),
+            )  # fmt: skip
+    return starts
+
+
+def _result(text: bytes | str, where: str) -> SessionResult:
+    try:
+        return SessionResult.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where_in = ".".join(map(str, first["loc"]))
+        raise ConfigError(f"{where}: not a SessionResult ({first['msg']} at {where_in})") from exc
+
+
+def _results_file(path: Path) -> Iterator[SessionView]:
+    """A ``polar run --out`` JSONL (one SessionResult a line); a JSON list of them is read too."""
+    data = path.read_bytes()
+    if data.lstrip().startswith(b"["):
+        try:
+            items = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not JSON ({exc})") from exc
+        for n, item in enumerate(items):
+            yield session_view(_result(orjson.dumps(item), f"{path}[{n}]"))
+        return
+    for n, line in enumerate(data.splitlines(), 1):
+        if line.strip():
+            yield session_view(_result(line, f"{path}:{n}"))
+
+
+def _generate_folder(path: Path) -> Iterator[SessionView]:
+    """A ``polar generate`` folder: each final result of its ledger, with its task's harness and model."""
+    from polar_cli.generate.ledger import open_ledger
+
+    with open_ledger(path, must_exist=True) as ledger:
+        agents: dict[str, tuple[str, str | None]] = {}
+        for row, blob in ledger.results():
+            if row.task_id not in agents:
+                agent = ledger.task(row.task_id).agent
+                agents[row.task_id] = (agent.harness, agent.model_name)
+            harness, model = agents[row.task_id]
+            yield session_view(_result(blob, f"{path} ({row.task_id}#{row.sample_index})"), harness=harness,
+                               model=model, accepted=row.accepted)  # fmt: skip
+
+
+def _dataset_folder(path: Path) -> list[SessionView]:
+    """A ``polar export`` folder: the ``traces`` config's rows grouped by session (in order), the ``messages``
+    config's conversation beside the session's longest main chain. Datasets keep no token texts, evaluator reports
+    or chain breaks; a tokenizer gives the tokens text."""
+    from polar_cli.extras import require
+
+    pq = require("pyarrow.parquet", needed_by="polar view on an exported dataset", extra="hf")
+    sessions: dict[str, SessionView] = {}
+    for file in sorted((path / "traces").glob("*.parquet")):
+        split = file.name.rsplit("-", 1)[0]
+        for row in pq.read_table(file).to_pylist():
+            session = sessions.get(row["session_id"])
+            if session is None:
+                session = sessions[row["session_id"]] = SessionView(
+                    session_id=row["session_id"], status=row.get("status") or "completed", task_id=row.get("task_id"),
+                    sample_index=row.get("sample_index") or 0, reward=row.get("reward"), harness=row.get("harness"),
+                    model=row.get("model"), accepted=row.get("accepted"), split=split,
+                )  # fmt: skip
+            meta = orjson.loads(row["metadata"]) if row.get("metadata") else {}
+            session.chains.append(ChainView(
+                prompt_ids=row["prompt_ids"], response_ids=row["response_ids"], loss_mask=row["loss_mask"],
+                logprobs=row.get("response_logprobs"), role=row.get("role"),
+                trainable=bool(row.get("trainable", True)), finish_reason=row.get("finish_reason"), metadata=meta,
+                reward=row.get("reward"),
+            ))  # fmt: skip
+    for file in sorted((path / "messages").glob("*.parquet")):
+        for row in pq.read_table(file).to_pylist():
+            found = sessions.get(row["session_id"])
+            if found is None or not found.chains:
+                continue
+            found.completions = row.get("num_turns") or found.completions
+            mains = [c for c in found.chains if c.role in (None, "main")] or found.chains
+            chain = max(mains, key=lambda c: len(c.prompt_ids) + len(c.response_ids))
+            chain.response_messages = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
+    return list(sessions.values())

@@ -1,0 +1,110 @@
+"""``polar view`` without a browser: the three inputs load into the view model, the page embeds them safely, the
+server serves it read-only, the command writes it where it says."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from polar_cli.errors import ConfigError
+from polar_cli.view import ViewServer, load_view, render_html
+from tests.commands.test_export import generated_folder
+from tests.view.sessions import HOSTILE, results_file, session
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_results_file_loads_with_chains_their_starts_and_the_evaluator_report(tmp_path: Path) -> None:
+    results_file(tmp_path / "out.jsonl", [session("a"), session("b", reward=0.0, status="timeout")])
+    view = load_view(tmp_path / "out.jsonl")
+    assert (view.kind, [s.session_id for s in view.sessions]) == ("results", ["a", "b"])
+    first = view.sessions[0]
+    assert (first.harness, first.completions, len(first.chains), first.status) == ("pi", 5, 2, "completed")
+    assert first.trainable_tokens == sum(sum(c.loss_mask) for c in first.chains) == 9 + 6
+    assert first.chains[0].start is None
+    assert first.chains[1].start is not None and first.chains[1].start.cause == "new_context"
+    assert first.evaluation is not None and first.evaluation["tests"][1]["status"] == "failed"
+    assert first.chains[0].tokens is not None and first.chains[0].tokens[0] == "Ġhello"
+    assert first.chains[0].tokens[3] is None  # a mask-0 token has no text
+    assert view.sessions[1].index_row(1)["st"] == "timeout"
+
+
+def test_a_generate_folder_and_its_exported_dataset_load(tmp_path: Path) -> None:
+    folder = generated_folder(tmp_path / "rollouts")
+    view = load_view(folder)
+    assert view.kind == "generate" and [s.session_id for s in view.sessions] == ["s0", "s1", "s2"]
+    assert all(s.harness == "pi" and s.accepted for s in view.sessions)
+    from polar_cli.export import export
+
+    export(folder, tmp_path / "dataset")
+    data = load_view(tmp_path / "dataset")
+    assert data.kind == "dataset" and [s.session_id for s in data.sessions] == ["s0", "s1", "s2"]
+    chain = data.sessions[0].chains[0]
+    assert (chain.response_ids, chain.loss_mask, chain.logprobs, data.sessions[0].split) == (
+        [3, 4], [1, 0], [-0.5, 0.0], "train")
+
+
+def test_bad_inputs_are_one_line_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_view(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match="not a results file"):
+        load_view(tmp_path)
+    (tmp_path / "bad.jsonl").write_text(session("a").model_dump_json() + "\n" + '{"session_id": "x"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: not a SessionResult"):
+        load_view(tmp_path / "bad.jsonl")
+
+
+def test_hostile_content_cannot_end_a_script_block_or_add_markup(tmp_path: Path) -> None:
+    results_file(tmp_path / "out.jsonl", [session('x"><img src=y>', hostile=True)])
+    page = render_html(load_view(tmp_path / "out.jsonl"))
+    assert page.count("</script>") == page.count("<script") == 4  # header, index, the app, one session
+    blocks = re.findall(r'<script type="application/json" id="([^"]+)">(.*?)</script>', page, flags=re.S)
+    assert [name for name, _ in blocks] == ["polar-header", "polar-index", "polar-s0"]
+    detail = json.loads(blocks[2][1])
+    assert detail["error"] == "boom" + HOSTILE and detail["id"] == 'x"><img src=y>'
+    outside = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    assert "pwned" not in outside and "<img" not in outside
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)
+    assert csp is not None and "default-src 'none'" in csp.group(1) and "'unsafe-inline'" not in csp.group(1).split(
+        "style-src")[0]
+
+
+def test_the_server_serves_the_page_read_only_on_localhost() -> None:
+    server = ViewServer(b"<!doctype html><p>hi</p>")
+    server.start()
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(server.url, timeout=10) as answer:
+            assert answer.read() == b"<!doctype html><p>hi</p>"
+            assert answer.headers["Content-Type"] == "text/html; charset=utf-8"
+        for method, path, code in (("GET", "other", 404), ("POST", "", 501), ("PUT", "", 501)):
+            request = urllib.request.Request(server.url + path, method=method, data=b"x" if method != "GET" else None)
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=10)
+            assert caught.value.code == code
+            caught.value.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_polar_view_writes_name_dot_html_here_by_default(tmp_path: Path) -> None:
+    results_file(tmp_path / "results.jsonl", [session("a")])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "polar_cli", "view", "results.jsonl"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("1 sessions -> results.html (open file://")
+    assert html.escape("polar view: results.jsonl") in (tmp_path / "results.html").read_text()
+    done = subprocess.run([sys.executable, "-m", "polar_cli", "view", "missing.jsonl"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode != 0 and done.stderr.strip() == "Error: missing.jsonl: no such file or folder"
