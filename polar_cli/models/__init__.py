@@ -27,6 +27,7 @@ from polar_cli.models.task import (
     PrepareAction,
     RuntimeSpec,
     SamplingSpec,
+    SessionLimits,
     TaskRequest,
 )
 from polar_cli.models.trace import (
@@ -59,6 +60,7 @@ __all__ = [
     "RuntimeSpec",
     "SamplingSpec",
     "ServiceStatus",
+    "SessionLimits",
     "SessionResult",
     "SessionResultCallback",
     "SessionState",

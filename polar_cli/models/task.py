@@ -76,8 +76,33 @@ class SamplingSpec(StrictModel):
         return self.model_dump(exclude_none=True)
 
 
+class SessionLimits(StrictModel):
+    """``agent.limits``: guard rails per session, enforced by the proxy. A session that hits one ends with status
+    ``limit`` and the limit named, keeping what it captured (like ``timeout``). Unset fields are no limit."""
+
+    max_model_calls: int | None = Field(
+        default=None, strict=True, ge=1, description="model calls the session may make; the next one is refused"
+    )
+    max_sampled_tokens: int | None = Field(
+        default=None, strict=True, ge=1,
+        description="sampled tokens over the whole session; once reached, the next call is refused",
+    )  # fmt: skip
+    max_call_tokens: int | None = Field(
+        default=None, strict=True, ge=1,
+        description="one call's sampled tokens: a cap on each request's max tokens (a harness's smaller value stays)",
+    )  # fmt: skip
+    repeat_limit: int | None = Field(
+        default=None, strict=True, ge=2,
+        description="loop detection: this many consecutive completions with the same sampled token ids end the session",
+    )  # fmt: skip
+
+    def set(self) -> dict[str, int]:
+        """The limits the task set."""
+        return self.model_dump(exclude_none=True)
+
+
 class AgentSpec(StrictModel):
-    """Which harness runs, against which served model, sampled how."""
+    """Which harness runs, against which served model, sampled how, within which limits."""
 
     harness: str
     model_name: str | None = None
@@ -85,6 +110,7 @@ class AgentSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: float | None = None
     sampling: SamplingSpec | None = None
+    limits: SessionLimits | None = None
 
 
 class BuilderSpec(StrictModel):

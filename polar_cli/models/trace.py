@@ -111,12 +111,14 @@ class Trace(BaseModel):
         return sum(self.loss_mask)
 
 
-TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled", "stale", "no_model_call"]
+TrajectoryStatus = Literal["completed", "timeout", "error", "cancelled", "stale", "no_model_call", "limit"]
 """How a session ended. ``stale``: cancelled because its oldest completion fell more than the task's
 ``max_staleness`` versions behind the current policy version (or by ``cancel_stale``); final, never re-dispatched,
 and its partial traces are kept, as a cancelled session's are. ``no_model_call``: the harness ran (to its end, its
 deadline or an error) without a single model call reaching the proxy (it bypassed the base URL, or never started):
-never a training sample, and ``error`` names the cause."""
+never a training sample, and ``error`` names the cause. ``limit``: the session hit one of its task's
+``agent.limits`` (too many model calls or sampled tokens, or the same output over and over); the harness was
+stopped, ``error`` names the limit, and what it captured is built and evaluated, as for ``timeout``."""
 
 
 class Trajectory(BaseModel):

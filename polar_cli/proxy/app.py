@@ -43,6 +43,8 @@ from polar_cli.web.errors import ERROR_SHAPE, MAX_MESSAGE_CHARS, ErrorShape, err
 log = logging.getLogger("polar.proxy")
 
 PROXY_STATE = web.AppKey("polar_proxy_state", ProxyState)
+LIMIT_STATUS = 403
+"""A call refused by the session's limits (``agent.limits``): a 4xx no SDK retries, in the provider's shape."""
 
 
 def presented_keys(request: web.Request) -> list[bytes]:
@@ -145,8 +147,19 @@ class ProxyHandler:
             seen.stream = bool(chat.stream)
             if session.sampling is not None:
                 apply_sampling(chat.params, session.sampling)  # the task's, over the harness's, for every provider
+            guard = session.guard
+            if guard is not None:
+                hit = guard.admit()
+                if hit is not None:  # refused before it goes upstream: nothing recorded
+                    log.info("session %s: %s; call refused", session_id, hit.message)
+                    return provider_error(codec, LIMIT_STATUS, f"Polar session {hit.message}: no more model calls")
+                guard.clamp(chat.params)
             call = ProxyCall(self.state, request, session, codec, found, body, raw, started, chat)
-            return await self._generate(call)
+            try:
+                return await self._generate(call)
+            finally:
+                if guard is not None and not call.settled:
+                    guard.settle(None)  # it failed: it counts for nothing
         except ProtocolError as exc:
             refused = provider_error(codec, status_for(exc), str(exc)[:MAX_MESSAGE_CHARS])
             if request.content.exception() is not None or not request.content.at_eof():
@@ -209,6 +222,8 @@ class ProxyCall:
     raw: bytes
     started: float
     chat: ChatRequest
+    settled: bool = False
+    """Whether the session's limits counted it (it was recorded)."""
 
     async def answer(self) -> web.StreamResponse:
         """Backend call (bounded by the session's deadline) → check the token data → encode the whole answer →
@@ -297,6 +312,9 @@ class ProxyCall:
         if session.sampling is not None:
             record["metadata"]["sampling"] = session.sampling.forced()
         written = await registry.record(session, record)
+        if session.guard is not None:  # once on disk: a limit it trips stops the harness, and what it kept is read
+            session.guard.settle(generation.response_ids)
+            self.settled = True
         self.state.metrics.captured(self.codec.provider, delivery, len(generation.prompt_ids),
                                     len(generation.response_ids), written)  # fmt: skip
         if generation.response_logprobs is not None:

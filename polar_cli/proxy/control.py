@@ -13,7 +13,7 @@ from pydantic import Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.ids import SessionId, check_session_id
-from polar_cli.models import SamplingSpec, StrictModel, validate_model
+from polar_cli.models import SamplingSpec, SessionLimits, StrictModel, validate_model
 from polar_cli.proxy.backends.scripted import InlineScript
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 
 class ProxySessionCreate(StrictModel):
     """Body of ``POST /sessions``. ``script`` and ``backend_options`` are checked against the backend's per-session
-    allow-list: a script is an inline list of turns, never a path. ``sampling`` is forced onto every model call."""
+    allow-list: a script is an inline list of turns, never a path. ``sampling`` is forced onto every model call;
+    ``limits`` are enforced on them."""
 
     session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     script: InlineScript | None = Field(default=None, description="scripted backend: this session's own turns")
     backend_options: dict[str, Any] = Field(default_factory=dict)
     sampling: SamplingSpec | None = None
+    limits: SessionLimits | None = None
 
 
 def _origin(request: web.Request, state: ProxyState) -> str:
@@ -53,7 +55,9 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
             if "script" in options:
                 raise ConfigError("POST /sessions: give the script once: script or backend_options.script")
             options["script"] = spec.script
-        session = await state.registry.create_session(spec.session_id, spec.metadata, options, sampling=spec.sampling)
+        session = await state.registry.create_session(
+            spec.session_id, spec.metadata, options, sampling=spec.sampling, limits=spec.limits
+        )
         return json_response(state.session_info(session, _origin(request, state)), 201)
 
     async def list_sessions(request: web.Request) -> web.Response:

@@ -17,8 +17,9 @@ from polar_cli.errors import ConfigError, SessionError, SessionExistsError, brie
 from polar_cli.ids import check_session_id
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import Completion, validate_model
-from polar_cli.models.task import SCRIPT_KEY, SamplingSpec
+from polar_cli.models.task import SCRIPT_KEY, SamplingSpec, SessionLimits
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
+from polar_cli.proxy.limits import LimitHit, SessionGuard
 from polar_cli.proxy.sampling import RawLogprobsWarning
 
 
@@ -92,6 +93,8 @@ class Session:
     """``time.monotonic()`` after which no backend call of this session runs (set by whoever runs the session)."""
     sampling: SamplingSpec | None = None
     """Forced onto every model call of the session (its task's ``agent.sampling``)."""
+    guard: SessionGuard | None = None
+    """Its task's ``agent.limits`` and what it has used of them (None: no limits)."""
     model_requests: int = 0
     """Generation requests the harness sent (authenticated), recorded or refused: tells a harness that never reached
     the proxy from one whose every call failed."""
@@ -105,6 +108,11 @@ class Session:
         task_id = self.metadata.get("task_id")
         return str(task_id) if task_id is not None else self.session_id
 
+    @property
+    def limit_hit(self) -> LimitHit | None:
+        """The first of its limits the session hit (its later calls are refused), else None."""
+        return self.guard.hit if self.guard is not None else None
+
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
@@ -116,6 +124,7 @@ class Session:
             "completions": self.count,
             "journal": str(self.journal.path) if self.journal else None,
             "sampling": self.sampling.forced() if self.sampling is not None else None,
+            "limits": self.guard.summary() if self.guard is not None else None,
         }
         if base_url:
             out["base_urls"] = base_urls(base_url, self.session_id)
@@ -145,9 +154,11 @@ class SessionRegistry:
         *,
         fresh: bool = False,
         sampling: SamplingSpec | None = None,
+        limits: SessionLimits | None = None,
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
-        checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call.
+        checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call and
+        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`).
 
         A session id whose journal already has records continues it: numbering goes on after the last index, and the
         session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
@@ -160,6 +171,8 @@ class SessionRegistry:
         metadata, options = session_options(self.backend, metadata, backend_options)
         await self.backend.open_session(session_id, options)
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling)
+        if limits is not None and limits.set():
+            session.guard = SessionGuard(limits)
         if self.journal_dir is not None:
             session.journal = Journal(journal_path(self.journal_dir, session_id))
             session.count = session.journal.next_index

@@ -10,7 +10,7 @@ from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import PoolReading, ProxyMetrics, ReplicaReading, replica_label
 from polar_cli.models import Completion
 from polar_cli.models.inference import is_remote
-from polar_cli.models.task import SamplingSpec
+from polar_cli.models.task import SamplingSpec, SessionLimits
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
@@ -67,9 +67,10 @@ class ProxyState:
         *,
         fresh: bool = False,
         sampling: SamplingSpec | None = None,
+        limits: SessionLimits | None = None,
     ) -> dict[str, Any]:
         session = await self.registry.create_session(
-            session_id, metadata, backend_options, fresh=fresh, sampling=sampling
+            session_id, metadata, backend_options, fresh=fresh, sampling=sampling, limits=limits
         )
         return self.session_info(session)
 
