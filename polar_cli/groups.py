@@ -10,9 +10,9 @@ The rules, for a task whose every session has finished:
 1. A session is usable when it completed, has a reward, and has at least one trainable trace (``trainable``: its role
    gets the reward under the task's ``reward_to``) with a trainable token (``loss_mask`` holds a 1) and a reward. The
    others are the group's ``dropped`` sessions, each with its cause. A session that captured no model call at all is
-   never usable (``no_model_call``); when every session of a task that ran (completed, timeout or error) captured none,
-   the harness never reached the proxy, and ``groups()`` raises a PolarError naming the task rather than train on
-   nothing.
+   never usable (``no_model_call``); when every session of a task that ran (completed, timeout, limit or error)
+   captured none, the harness never reached the proxy, and ``groups()`` raises a PolarError naming the task rather
+   than train on nothing.
 2. Fewer usable sessions than ``min_usable_fraction`` of ``num_samples``: the group is dropped (``too_few_usable``).
 3. ``max_staleness``: the server's policy version when the group is judged minus the oldest version of its usable
    traces is above it: dropped (``stale``).
@@ -34,7 +34,7 @@ from polar_cli.models.task import without_script
 
 SessionCause = Literal["not_completed", "no_model_call", "no_trainable_token", "no_reward"]
 GroupDropReason = Literal["too_few_usable", "stale", "all_equal"]
-RAN = frozenset({"completed", "timeout", "error", "no_model_call"})
+RAN = frozenset({"completed", "timeout", "limit", "error", "no_model_call"})
 """Statuses of a session that ran to its end (not cancelled, not stale)."""
 
 

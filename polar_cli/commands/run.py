@@ -26,6 +26,7 @@ from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 STATUS_STYLE = {
     "completed": "green",
     "timeout": "yellow",
+    "limit": "yellow",
     "error": "red",
     "failed": "red",
     "cancelled": "magenta",

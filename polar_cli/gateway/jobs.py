@@ -67,7 +67,8 @@ class SessionBudget:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """How RUNNING ended. ``status`` is ``completed``, ``timeout`` or ``error``; ``stderr`` is the harness's own."""
+    """How RUNNING ended. ``status`` is ``completed``, ``timeout``, ``limit`` or ``error``; ``stderr`` is the
+    harness's own."""
 
     status: TrajectoryStatus
     error: str | None = None

@@ -8,7 +8,8 @@
 
 Slow runtime starts and long evaluations happen in their own pools, so a run slot only ever runs a harness. Every
 session ends with exactly one SessionResult, written to the ResultStore before waiters and callbacks hear of it:
-``completed``, ``timeout`` (the agent deadline passed; what it captured is still built and evaluated), ``error`` (a
+``completed``, ``timeout`` (the agent deadline passed; what it captured is still built and evaluated), ``limit`` (the
+session hit one of its ``agent.limits`` and its harness was stopped: built and evaluated like ``timeout``), ``error`` (a
 stage failed; teardown still runs), ``no_model_call`` (the harness ran but not one model call reached the proxy:
 nothing to evaluate or train on), ``cancelled`` (:meth:`StagedPipeline.cancel`, in any stage: the runtime is torn
 down at once, without waiting for a worker) or ``stale`` (cancelled the same way because it sampled under weights too
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ResultCallback = Callable[[SessionResult], Awaitable[None] | None]
-RUN_STATUSES = ("completed", "timeout", "error")
+RUN_STATUSES = ("completed", "timeout", "error", "limit")
 
 
 class _JobCancelled(Exception):
@@ -60,7 +61,8 @@ def _join(*messages: str | None) -> str | None:
 
 def no_model_call_cause(outcome: RunOutcome) -> str:
     """Why a session that ran produced nothing to train on, in words a user can act on."""
-    how = {"completed": "exited", "timeout": "ran out of time", "error": "failed"}.get(outcome.status, outcome.status)
+    endings = {"completed": "exited", "timeout": "ran out of time", "error": "failed", "limit": "hit a limit"}
+    how = endings.get(outcome.status, outcome.status)
     return (
         f"the harness {how} without a single model call reaching Polar's proxy: it bypassed the base URL it was "
         "given (check the adapter's configuration and the harness's own settings), or failed before its first call "

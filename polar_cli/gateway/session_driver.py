@@ -6,8 +6,9 @@ Per session (``job.task`` is its TaskRequest):
   per-session script; ``agent.sampling`` is forced onto its every model call), then the runtime from ``task.runtime``
   with its prepare actions.
 - RUNNING: with ``evaluator.refresh_runtime`` a second runtime from the same spec starts in the background (prewarmed
-  for evaluation); the harness runs until it exits or the agent deadline passes (its process group is killed). When
-  it ends, the proxy session is closed (nothing more can be recorded) and what it captured is kept.
+  for evaluation); the harness runs until it exits, the agent deadline passes or the session hits one of its
+  ``agent.limits`` (then its process group is killed: ``timeout``, ``limit``). When it ends, the proxy session is
+  closed (nothing more can be recorded) and what it captured is kept.
 - POSTRUN: the captured completions, ``build_trajectory(task.builder.strategy, completions, context=...,
   **task.builder.config)`` in a thread (the BuildContext carries the session's ids, task metadata, status and the served
   model's tokenizer when one is found), then the evaluator plugin with the agent's runtime and the fresh one.
@@ -29,10 +30,11 @@ from polar_cli.gateway.model_tokenizer import ModelTokenizerFinder
 from polar_cli.harnesses.run import context_for, failure_report, run_harness, tail
 from polar_cli.interfaces.builder import BuildContext
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
-from polar_cli.interfaces.harness import Harness
+from polar_cli.interfaces.harness import Harness, HarnessRun
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
 from polar_cli.models import Completion, TaskRequest, Trajectory, TrajectoryStatus
 from polar_cli.proxy import ProxyState
+from polar_cli.proxy.limits import SessionGuard
 from polar_cli.registry import get_evaluator, get_harness
 from polar_cli.runtimes import start_session
 
@@ -73,7 +75,8 @@ class GatewaySessionDriver:
         context = self._context(job.session_id, harness)
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
         # fresh: an earlier attempt of this session id (e.g. on a killed gateway) recorded calls that are not this one's
-        info = await self.proxy.create_session(job.session_id, metadata, fresh=True, sampling=task.agent.sampling)
+        info = await self.proxy.create_session(job.session_id, metadata, fresh=True, sampling=task.agent.sampling,
+                                               limits=task.agent.limits)  # fmt: skip
         job.resources.proxy_key = info["api_key"]
         job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
 
@@ -97,10 +100,24 @@ class GatewaySessionDriver:
         )
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.proxy.registry.set_deadline(job.session_id, deadline)  # no model call outlives the agent's deadline
+        session = self.proxy.registry.get(job.session_id)
+        harness_run = asyncio.create_task(run_harness(harness, handle, context, timeout=timeout, env=task.agent.env))
         try:
-            run = await run_harness(harness, handle, context, timeout=timeout, env=task.agent.env)
+            run = await _until_limit(harness_run, session.guard)
         finally:
+            if not harness_run.done():
+                harness_run.cancel()  # kills the harness's process group
+                await asyncio.wait({harness_run})
             await self._close_proxy_session(job)  # nothing is recorded after the run, whatever ended it
+        hit = session.limit_hit
+        if hit is not None:  # also when the harness ended by itself on the refused call
+            stopped: dict[str, Any] = {"limit": hit.as_dict()}
+            if run is not None:
+                stopped.update(exit_code=run.exit_code, seconds=round(run.seconds, 3))
+            stderr = tail(run.stderr) if run is not None and run.stderr else None
+            return RunOutcome("limit", error=hit.message, stderr=stderr, details=stopped)
+        if run is None:
+            raise SessionError(f"session {job.session_id}: the harness was stopped for a limit it did not hit")
         details: dict[str, Any] = {"exit_code": run.exit_code, "seconds": round(run.seconds, 3)}
         stderr = tail(run.stderr) if run.stderr else None
         if run.timed_out:
@@ -190,6 +207,18 @@ class GatewaySessionDriver:
             problems.append(f"proxy session: {exc}")
         if problems:
             raise RuntimeFailure("; ".join(problems))
+
+
+async def _until_limit(harness_run: asyncio.Task[HarnessRun], guard: SessionGuard | None) -> HarnessRun | None:
+    """The harness's run, or None as soon as the session hits one of its limits (the caller stops the harness)."""
+    if guard is None:
+        return await harness_run
+    tripped = asyncio.create_task(guard.tripped.wait())
+    try:
+        await asyncio.wait({harness_run, tripped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        tripped.cancel()
+    return harness_run.result() if harness_run.done() else None
 
 
 async def _stopped(handle: RuntimeHandle, immediate: bool, problems: list[str]) -> bool:

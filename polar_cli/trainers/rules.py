@@ -6,8 +6,8 @@ The rules (docs/trainers.md, TRAINERS.md):
   and ``Trace.reward`` is each one's reward, None kept as None). Which of them, for trainers that take one sequence
   per rollout, is a :data:`TraceRule`.
 - Status, from the session's status and the trace's finish reason: ``completed`` -> COMPLETED (``length`` ->
-  TRUNCATED), ``timeout`` -> ABORTED, ``error`` -> FAILED with the loss mask zeroed; ``stale``, ``cancelled`` and
-  ``no_model_call`` sessions give no sample.
+  TRUNCATED), ``timeout`` and ``limit`` -> ABORTED, ``error`` -> FAILED with the loss mask zeroed; ``stale``,
+  ``cancelled`` and ``no_model_call`` sessions give no sample.
 - Logprobs: one float per response token; mask-0 tokens get 0.0, and a mask-1 token without a finite logprob is a
   :class:`~polar_cli.errors.MissingLogprobError` naming the session and the position.
 """
@@ -87,7 +87,7 @@ def sample_status(session_status: TrajectoryStatus, finish_reason: str | None) -
     """The status of a trace of a session that ended ``session_status``; None: not a sample."""
     if session_status in NOT_A_SAMPLE:
         return None
-    if session_status == "timeout":
+    if session_status in ("timeout", "limit"):
         return "ABORTED"
     if session_status == "error":
         return "FAILED"
