@@ -120,8 +120,8 @@ def test_openai_chat_call_beyond_max_model_calls_is_refused_in_openai_shape(prox
     error = refused.json()["error"]
     assert error["type"] == "permission_error" and "limit max_model_calls=2 reached after 2 calls" in error["message"]
     assert len(session.completions()) == 2  # the refused call records nothing
-    assert hit_of(proxy, session) == {"name": "max_model_calls", "limit": 2, "calls": 2,
-                                      "sampled_tokens": sum(len(c["response_ids"]) for c in session.completions())}  # fmt: skip
+    sampled = sum(len(c["response_ids"]) for c in session.completions())
+    assert hit_of(proxy, session) == {"name": "max_model_calls", "limit": 2, "calls": 2, "sampled_tokens": sampled}
 
 
 def test_anthropic_call_once_max_sampled_tokens_is_reached_is_refused_in_anthropic_shape(proxy: RunningProxy) -> None:
