@@ -8,10 +8,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from polar_cli.models import AgentSpec, SessionLimits
 from polar_cli.proxy.limits import SessionGuard
+from tests.support.docs import ROOT, code_blocks
 
 from .conftest import ProxySession, RunningProxy
 
@@ -153,3 +155,10 @@ def test_max_call_tokens_is_the_clamped_max_tokens_sent_upstream(proxy: RunningP
     assert chat(session).status_code == 200  # asks nothing: the sampling cap, then the limit's
     sent = [c["request_params"]["max_tokens"] for c in session.completions()]
     assert sent == [7, 3, 7]
+
+
+def test_the_documented_limits_load() -> None:
+    block = next(b for b in code_blocks(ROOT / "docs" / "gateway.md") if "limits:" in b.text)
+    agent = AgentSpec.model_validate(yaml.safe_load(block.text)["agent"])
+    assert agent.limits == SessionLimits(max_model_calls=50, max_sampled_tokens=65536, max_call_tokens=4096,
+                                         repeat_limit=3)  # fmt: skip
