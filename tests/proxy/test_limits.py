@@ -11,7 +11,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from polar_cli.models import AgentSpec, SessionLimits
+from polar_cli.groups import session_cause
+from polar_cli.models import AgentSpec, SessionLimits, SessionResult
 from polar_cli.proxy.limits import SessionGuard
 from tests.support.docs import ROOT, code_blocks
 
@@ -162,3 +163,12 @@ def test_the_documented_limits_load() -> None:
     agent = AgentSpec.model_validate(yaml.safe_load(block.text)["agent"])
     assert agent.limits == SessionLimits(max_model_calls=50, max_sampled_tokens=65536, max_call_tokens=4096,
                                          repeat_limit=3)  # fmt: skip
+
+
+def test_a_limit_session_is_no_usable_group_sample() -> None:
+    result = SessionResult.model_validate({
+        "session_id": "t-0", "task_id": "t", "sample_index": 0, "status": "limit", "reward": 0.0, "num_completions": 2,
+        "error": "limit max_model_calls=2 reached after 2 calls", "trajectory": {"status": "limit"},
+    })  # fmt: skip
+    cause = session_cause(result)
+    assert cause is not None and cause[0] == "not_completed" and "max_model_calls" in cause[1]

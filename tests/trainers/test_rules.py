@@ -57,6 +57,7 @@ def test_a_trace_without_logprobs_is_an_error_only_when_it_has_trainable_tokens(
         ("completed", "length", "TRUNCATED"),
         ("timeout", "stop", "ABORTED"),
         ("timeout", "length", "ABORTED"),
+        ("limit", "stop", "ABORTED"),
         ("error", "stop", "FAILED"),
         ("stale", "stop", None),
         ("cancelled", "stop", None),
