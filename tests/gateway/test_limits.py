@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
+from typer.testing import CliRunner
+
+from polar_cli.cli import build_app
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import SessionResult, TaskRequest
 from polar_cli.proxy.journal import read_journal
@@ -94,3 +98,17 @@ def test_limits_and_loop_detection_end_real_sessions_with_status_limit_keeping_t
     assert [c.request_params["max_tokens"] for c in journal] == [7, 7]  # what the backend received
     assert results["within"].status == "completed", results["within"].error  # reaching a cap is no hit
     assert results["within"].num_completions == 2
+
+
+def test_polar_run_reports_a_limit_session_and_exits_0(tmp_path: Path, monkeypatch: Any) -> None:
+    task_file = tmp_path / "task.json"
+    limited = limited_task("cli", {"max_model_calls": 2}, [f"answer {i}" for i in range(5)])
+    task_file.write_text(limited.model_dump_json())
+    out = tmp_path / "out.jsonl"
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(build_app(), ["run", str(task_file), "--out", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output  # a session stopped by its limits is no failure of polar run
+    assert "limit max_model_calls=2 reached after 2 calls" in result.output
+    (line,) = out.read_text().splitlines()
+    session = SessionResult.model_validate_json(line)
+    assert session.status == "limit" and session.num_completions == 2 and len(session.trajectory.traces) == 2
