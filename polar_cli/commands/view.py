@@ -34,7 +34,7 @@ def view_command(
     logprobs, messages and evaluator report."""
     loaded = None
     if tokenizer is not None:
-        from polar_cli.proxy.render import load_tokenizer
+        from polar_cli.proxy import load_tokenizer
 
         loaded = load_tokenizer(tokenizer)
     view = load_view(source, tokenizer=loaded)

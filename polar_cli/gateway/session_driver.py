@@ -33,8 +33,7 @@ from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.harness import Harness, HarnessRun
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
 from polar_cli.models import Completion, TaskRequest, Trajectory, TrajectoryStatus
-from polar_cli.proxy import ProxyState
-from polar_cli.proxy.limits import SessionGuard
+from polar_cli.proxy import ProxyState, SessionGuard
 from polar_cli.registry import get_evaluator, get_harness
 from polar_cli.runtimes import start_session
 

@@ -26,10 +26,12 @@ from polar_cli.proxy.backends.sglang import SglangClient
 from polar_cli.proxy.backends.vllm import VllmClient
 from polar_cli.proxy.codecs import detect
 from polar_cli.proxy.config import ProxyConfig
-from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy.journal import journal_path, read_journal
+from polar_cli.proxy.limits import SessionGuard
 from polar_cli.proxy.pool import InferencePool, PoolConfig
-from polar_cli.proxy.render import demo_tokenizer_dir
+from polar_cli.proxy.render import demo_tokenizer_dir, load_tokenizer
 from polar_cli.proxy.retry import RetryConfig
+from polar_cli.proxy.sampling import reshaping
 from polar_cli.proxy.server import serve_proxy
 from polar_cli.proxy.sessions import inline_script, session_options
 from polar_cli.proxy.state import ProxyState
@@ -47,14 +49,18 @@ __all__ = [
     "RetryConfig",
     "ScriptedClient",
     "ScriptedConfig",
+    "SessionGuard",
     "SglangClient",
     "VllmClient",
     "create_proxy_app",
     "demo_tokenizer_dir",
     "detect",
     "inline_script",
+    "journal_path",
+    "load_tokenizer",
     "proxy_error_shape",
     "read_journal",
+    "reshaping",
     "serve_proxy",
     "session_options",
 ]

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import Trace
-from polar_cli.proxy.sampling import reshaping
+from polar_cli.proxy import reshaping
 from polar_cli.recompute.inputs import LoadedTrace
 from polar_cli.recompute.structure import StructuralReport, check_structure
 

@@ -192,7 +192,7 @@ def load_traces(path: str | Path, *, journal: str | Path | None = None) -> list[
     """Every trace of a results file, a ``polar generate`` folder or an exported dataset, in order, each with its
     session's journal (``journal``: the folder of ``<session>.jsonl`` files; default: found beside the input, see
     the module docstring). ConfigError when ``path`` is none of these."""
-    from polar_cli.proxy.journal import journal_path, read_journal
+    from polar_cli.proxy import journal_path, read_journal
 
     path = Path(path)
     kind = input_kind(path)
