@@ -22,9 +22,9 @@ import orjson
 from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError, PolarError
+from polar_cli.inputs import InputKind, dataset_shards, input_kind, results_records, row_metadata, shard_rows
 from polar_cli.models import Completion, PolicyVersions, Trace
 
-LEDGER = "ledger.db"
 JOURNAL_CANDIDATES = ("polar-data/journal", "journal", "service/journal")
 """Where a journal folder is looked for, relative to a results file's folder or a generate folder."""
 
@@ -95,21 +95,7 @@ def _session_traces(result: dict[str, Any], source: str) -> Iterator[LoadedTrace
 
 
 def _results_file(path: Path) -> list[LoadedTrace]:
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        if text.lstrip()[:1] == b"[":
-            results = orjson.loads(text)
-            lines = list(enumerate(results, 1)) if isinstance(results, list) else []
-        else:
-            lines = [(n, orjson.loads(line)) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not a results file (JSON lines of SessionResults): {exc}") from exc
-    if not lines:
-        raise ConfigError(f"{path} holds no SessionResult")
-    return [trace for n, result in lines for trace in _session_traces(result, f"{path}:{n}")]
+    return [trace for where, result in results_records(path) for trace in _session_traces(result, where)]
 
 
 def _generate_folder(path: Path) -> list[LoadedTrace]:
@@ -120,30 +106,14 @@ def _generate_folder(path: Path) -> list[LoadedTrace]:
         return [t for row, blob in results for t in _session_traces(orjson.loads(blob), f"{path} {row.task_id}")]
 
 
-def _parquet_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    files = sorted((path / "traces").glob("*.parquet"))
-    if not files:
-        raise ConfigError(f"{path}: no traces/*.parquet here (not a polar export folder)")
-    return files
-
-
 def _dataset(path: Path) -> list[LoadedTrace]:
-    from polar_cli.extras import require
-
-    pq = require("pyarrow.parquet", needed_by="polar verify on an exported dataset")
     loaded = []
-    for file in _parquet_files(path):
-        try:
-            rows = pq.read_table(file).to_pylist()
-        except Exception as exc:  # pyarrow's errors have no common base worth naming
-            raise ConfigError(f"cannot read {file} as parquet: {exc}") from exc
-        for row in rows:
+    for file in dataset_shards(path):
+        for row in shard_rows(file, needed_by="polar verify on an exported dataset"):
             if "response_ids" not in row or "prompt_ids" not in row:
                 raise ConfigError(f"{file}: not a 'traces' shard (no prompt_ids/response_ids columns)")
             logprobs = row.get("response_logprobs")
-            meta = orjson.loads(row["metadata"]) if row.get("metadata") else {}
+            meta = row_metadata(row)
             ids = row["response_ids"]
             entries = None
             if logprobs is not None:  # the export keeps the logprobs only: their token ids are the response_ids
@@ -165,22 +135,7 @@ def _dataset(path: Path) -> list[LoadedTrace]:
     return loaded
 
 
-def input_kind(path: Path) -> str:
-    """``results``, ``generate`` or ``dataset``; ConfigError for a path that is none of them."""
-    if not path.exists():
-        raise ConfigError(f"{path} does not exist")
-    if path.is_dir():
-        if (path / LEDGER).is_file():
-            return "generate"
-        if (path / "traces").is_dir():
-            return "dataset"
-        raise ConfigError(
-            f"{path} is neither a polar generate folder (no {LEDGER}) nor an exported dataset (no traces/ folder)"
-        )
-    return "dataset" if path.suffix == ".parquet" else "results"
-
-
-def find_journal(path: Path, kind: str) -> Path | None:
+def find_journal(path: Path, kind: InputKind) -> Path | None:
     """The journal folder that goes with the input at ``path``, if one is there."""
     if kind == "dataset":
         return None

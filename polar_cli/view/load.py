@@ -1,8 +1,6 @@
 """Reading what ``polar view`` shows: a ``polar run --out`` JSONL of SessionResults, a ``polar generate`` folder
-(its ledger), or a ``polar export`` dataset folder (parquet), into the view model.
-
-Kept in one module so it can later share one loader with ``polar_cli.recompute``, which reads the same three inputs.
-"""
+(its ledger), or a ``polar export`` dataset folder (parquet), into the view model. Which is which, and their
+records, come from :mod:`polar_cli.inputs` (shared with ``polar verify``)."""
 
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError
+from polar_cli.inputs import dataset_shards, input_kind, results_records, row_metadata, shard_rows
 from polar_cli.models import SessionResult
 from polar_cli.view.model import ChainStart, ChainView, SessionView, ViewData
 
@@ -22,17 +21,9 @@ def load_view(path: Path, *, tokenizer: Any = None) -> ViewData:
     """Every session in ``path`` (its kind told by its shape); ``tokenizer`` (an HF tokenizer, optional) gives the
     prompt tokens and the tokens without text (mask-0 tokens, datasets) their text."""
     path = Path(path)
-    if path.is_file():
-        view = ViewData(str(path), "results", list(_results_file(path)))
-    elif (path / "ledger.db").is_file():
-        view = ViewData(str(path), "generate", list(_generate_folder(path)))
-    elif path.is_dir() and any((path / "traces").glob("*.parquet")):
-        view = ViewData(str(path), "dataset", _dataset_folder(path))
-    elif not path.exists():
-        raise ConfigError(f"{path}: no such file or folder")
-    else:
-        raise ConfigError(f"{path}: not a results file (JSONL of SessionResults), a polar generate folder (ledger.db) "
-                          "or an exported dataset folder (traces/*.parquet)")  # fmt: skip
+    kind = input_kind(path)
+    readers = {"results": _results_file, "generate": _generate_folder, "dataset": _dataset_folder}
+    view = ViewData(str(path), kind, list(readers[kind](path)))
     if tokenizer is not None:
         for session in view.sessions:
             for chain in session.chains:
@@ -97,9 +88,9 @@ def _chain_starts(metadata: dict[str, Any]) -> dict[int, ChainStart]:
     return starts
 
 
-def _result(text: bytes | str, where: str) -> SessionResult:
+def _result(data: Any, where: str) -> SessionResult:
     try:
-        return SessionResult.model_validate_json(text)
+        return SessionResult.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where_in = ".".join(map(str, first["loc"]))
@@ -108,18 +99,8 @@ def _result(text: bytes | str, where: str) -> SessionResult:
 
 def _results_file(path: Path) -> Iterator[SessionView]:
     """A ``polar run --out`` JSONL (one SessionResult a line); a JSON list of them is read too."""
-    data = path.read_bytes()
-    if data.lstrip().startswith(b"["):
-        try:
-            items = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not JSON ({exc})") from exc
-        for n, item in enumerate(items):
-            yield session_view(_result(orjson.dumps(item), f"{path}[{n}]"))
-        return
-    for n, line in enumerate(data.splitlines(), 1):
-        if line.strip():
-            yield session_view(_result(line, f"{path}:{n}"))
+    for where, record in results_records(path):
+        yield session_view(_result(record, where))
 
 
 def _generate_folder(path: Path) -> Iterator[SessionView]:
@@ -133,7 +114,8 @@ def _generate_folder(path: Path) -> Iterator[SessionView]:
                 agent = ledger.task(row.task_id).agent
                 agents[row.task_id] = (agent.harness, agent.model_name)
             harness, model = agents[row.task_id]
-            yield session_view(_result(blob, f"{path} ({row.task_id}#{row.sample_index})"), harness=harness,
+            yield session_view(_result(orjson.loads(blob), f"{path} ({row.task_id}#{row.sample_index})"),
+                               harness=harness,
                                model=model, accepted=row.accepted)  # fmt: skip
 
 
@@ -141,13 +123,11 @@ def _dataset_folder(path: Path) -> list[SessionView]:
     """A ``polar export`` folder: the ``traces`` config's rows grouped by session (in order), the ``messages``
     config's conversation beside the session's longest main chain. Datasets keep no token texts, evaluator reports
     or chain breaks; a tokenizer gives the tokens text."""
-    from polar_cli.extras import require
-
-    pq = require("pyarrow.parquet", needed_by="polar view on an exported dataset", extra="hf")
+    needed_by = "polar view on an exported dataset"
     sessions: dict[str, SessionView] = {}
-    for file in sorted((path / "traces").glob("*.parquet")):
+    for file in dataset_shards(path):
         split = file.name.rsplit("-", 1)[0]
-        for row in pq.read_table(file).to_pylist():
+        for row in shard_rows(file, needed_by=needed_by):
             session = sessions.get(row["session_id"])
             if session is None:
                 session = sessions[row["session_id"]] = SessionView(
@@ -155,15 +135,15 @@ def _dataset_folder(path: Path) -> list[SessionView]:
                     sample_index=row.get("sample_index") or 0, reward=row.get("reward"), harness=row.get("harness"),
                     model=row.get("model"), accepted=row.get("accepted"), split=split,
                 )  # fmt: skip
-            meta = orjson.loads(row["metadata"]) if row.get("metadata") else {}
+            meta = row_metadata(row)
             session.chains.append(ChainView(
                 prompt_ids=row["prompt_ids"], response_ids=row["response_ids"], loss_mask=row["loss_mask"],
                 logprobs=row.get("response_logprobs"), role=row.get("role"),
                 trainable=bool(row.get("trainable", True)), finish_reason=row.get("finish_reason"), metadata=meta,
                 reward=row.get("reward"),
             ))  # fmt: skip
-    for file in sorted((path / "messages").glob("*.parquet")):
-        for row in pq.read_table(file).to_pylist():
+    for file in dataset_shards(path, "messages"):
+        for row in shard_rows(file, needed_by=needed_by):
             found = sessions.get(row["session_id"])
             if found is None or not found.chains:
                 continue

@@ -189,7 +189,7 @@ def test_processed_logprobs_at_a_temperature_are_warned_about(models: dict[str, 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["missing.jsonl"], "missing.jsonl does not exist"),
+        (["missing.jsonl"], "missing.jsonl: no such file or folder"),
         (["{results}", "--recompute"], "--recompute needs --model"),
         (["{results}", "--model", "{model}"], "--model is for --recompute"),
         (["{results}", "--recompute", "--model", "x=/tmp"], "VERSION=DIR needs a whole-number policy version"),

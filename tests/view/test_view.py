@@ -56,7 +56,7 @@ def test_a_generate_folder_and_its_exported_dataset_load(tmp_path: Path) -> None
 def test_bad_inputs_are_one_line_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_view(tmp_path / "nope.jsonl")
-    with pytest.raises(ConfigError, match="not a results file"):
+    with pytest.raises(ConfigError, match="neither a polar generate folder"):
         load_view(tmp_path)
     (tmp_path / "bad.jsonl").write_text(session("a").model_dump_json() + "\n" + '{"session_id": "x"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: not a SessionResult"):
