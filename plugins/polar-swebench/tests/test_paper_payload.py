@@ -14,8 +14,7 @@ import pytest
 from polar_swebench import lookup
 from polar_swebench.lookup import DATASET_ENV, SPLIT_ENV, InstanceSource, lookup_instance
 
-from polar_cli.api import EvaluationContext, EvaluationError, Trajectory
-from polar_cli.harnesses.testing import in_ci
+from polar_cli.api import EvaluationContext, EvaluationError, TaskRequest, Trajectory
 from polar_cli.registry import get_evaluator, get_harness, reset_registry
 from tests.conftest import shared_fixture
 from tests.server.procs import Serve, client
@@ -83,12 +82,20 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def evaluate(config: dict[str, Any]) -> Any:
-    """``swebench_harness`` on a session without runtimes (a lookup failure comes before either is used)."""
+def evaluate(config: dict[str, Any], task: TaskRequest | None = None) -> Any:
+    """``swebench_harness`` on a session whose runtimes are never used (the failures tested here come first)."""
     context = EvaluationContext(session_id="s1", status="completed", completions=[],
-                                trajectory=Trajectory(status="completed"), config=config,
+                                trajectory=Trajectory(status="completed"), config=config, task=task,
                                 runtime=object(), fresh_runtime=object())  # type: ignore[arg-type]  # fmt: skip
     return asyncio.run(get_evaluator("swebench_harness").evaluate(context))
+
+
+def test_under_the_local_runtime_repo_dir_must_be_in_the_session() -> None:
+    """The local runtime's commands are host processes: there /testbed would be a host directory."""
+    data = payload()
+    data["runtime"] = {"backend": "local"}
+    with pytest.raises(EvaluationError, match="repo_dir '/testbed' is a host path under the local runtime"):
+        evaluate(config_of(data), TaskRequest.model_validate(data))
 
 
 def test_an_unknown_instance_id_is_an_evaluation_error_naming_it(
@@ -125,7 +132,7 @@ def test_rows_are_found_in_files_folders_and_skyrl_rows(tmp_path: Path, swe_fixt
 def test_a_hub_dataset_is_read_with_datasets(monkeypatch: pytest.MonkeyPatch, swe_fixture: Any) -> None:
     """No HuggingFace Hub is reachable here: ``datasets.load_dataset`` is replaced (the hub only, nothing of Polar's),
     and offline mode skips the reachability probe."""
-    datasets = pytest.importorskip("datasets") if not in_ci() else __import__("datasets")
+    import datasets  # polar-rl's dev extra
     asked: list[tuple[str, str]] = []
 
     def load_dataset(hub_id: str, split: str) -> list[dict[str, Any]]:
