@@ -15,6 +15,7 @@ from polar_swebench import lookup
 from polar_swebench.lookup import DATASET_ENV, SPLIT_ENV, InstanceSource, lookup_instance
 
 from polar_cli.api import EvaluationContext, EvaluationError, TaskRequest, Trajectory
+from polar_cli.harnesses.testing import polar_run_file
 from polar_cli.registry import get_evaluator, get_harness, reset_registry
 from tests.conftest import shared_fixture
 from tests.server.procs import Serve, client
@@ -113,6 +114,27 @@ def test_an_unknown_instance_id_is_an_evaluation_error_naming_it(
     monkeypatch.setenv(DATASET_ENV, str(tmp_path / "missing.jsonl"))
     with pytest.raises(EvaluationError, match=f"'{PAPER_ID}': cannot read .*missing.jsonl.*does not exist"):
         evaluate(config_of(payload()))
+
+
+@pytest.mark.harness
+def test_a_session_whose_instance_is_not_found_ends_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swe_fixture: Any, need_cli: Callable[[str], None]
+) -> None:
+    """Through ``polar run`` (the real pi CLI, local runtime, the scripted model answers at once): the session ends
+    ``error`` with the evaluator's message; nothing crashes."""
+    need_cli("pi")
+    monkeypatch.setenv(DATASET_ENV, str(write_rows(tmp_path / "rows.jsonl", [swe_fixture.instance])))
+    task = {"task_id": "lookup-miss", "instruction": "Say done.", "runtime": {"backend": "local"},
+            "agent": {"harness": "pi", "model_name": "polar-test"},
+            "evaluator": {**payload()["evaluator"], "config": {"instance": {"instance_id": PAPER_ID}}},
+            "metadata": {"script": [{"role": "assistant", "content": "done"}]}}  # fmt: skip
+    task_file = tmp_path / "task.json"
+    task_file.write_text(json.dumps(task))
+    (report,) = polar_run_file(task_file, tmp_path)
+    assert report.result is not None, report.describe()
+    assert (report.result.status, report.result.reward) == ("error", None), report.describe()
+    assert report.result.error == (f"evaluation failed: swebench_harness: instance '{PAPER_ID}' is not in "
+                                   f"{tmp_path / 'rows.jsonl'} ({DATASET_ENV}) (1 instances)")  # fmt: skip
 
 
 def test_rows_are_found_in_files_folders_and_skyrl_rows(tmp_path: Path, swe_fixture: Any) -> None:
