@@ -5,13 +5,13 @@ The paper's TaskRequest (appendix A.3) names its instance as ``{"instance_id": "
 on the machine that grades (the gateway: ``polar serve``, ``polar run``), never in the task, so a submitted task cannot
 make Polar read a host file of its choosing:
 
-- ``POLAR_SWEBENCH_DATASET``: a local ``.jsonl``/``.json``/``.parquet`` file or a folder of them (offline), or a
-  HuggingFace dataset id (``SWE-Gym/SWE-Gym``; needs ``polar-swebench[hf]``). An existing path, an absolute one, or
-  one ending in a data suffix is a local file; anything else is a hub id.
+- ``POLAR_SWEBENCH_DATASET``: a local ``.jsonl``/``.json``/``.parquet`` file or a folder of them (offline; relative to
+  where the grading process started), or a HuggingFace dataset id (``SWE-Gym/SWE-Gym``; needs ``polar-swebench[hf]``).
+  An existing path, an absolute one, or one ending in a data suffix is a local file; anything else is a hub id.
 - ``POLAR_SWEBENCH_SPLIT``: the hub split, or a file-name prefix in a folder (default ``train`` on the hub).
 
 Rows are SWE-bench / SWE-Gym rows, or SkyRL rows nesting the instance under ``instance``. The index is built once per
-source (and again when a local file changes) and kept in the process.
+source (again when a local file is rewritten) and kept in the process.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -74,7 +75,8 @@ class InstanceSource:
         return hub_rows(self.location, self.split or DEFAULT_HUB_SPLIT, f"point {DATASET_ENV} at a local copy")
 
     def version(self) -> int | None:
-        """A local source's modification time (a changed file is read again); None for the hub."""
+        """A local source's modification time (a rewritten file, or a folder with files added or removed, is read
+        again); None for the hub."""
         try:
             return Path(self.location).expanduser().stat().st_mtime_ns if self.local else None
         except OSError:
@@ -92,6 +94,9 @@ def _row_id(row: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any]]:
         row = nested
     value = row.get("instance_id")
     return (str(value) if value is not None else None), row
+
+
+_LOADING = threading.Lock()  # sessions graded at once read the dataset once, not once each
 
 
 @lru_cache(maxsize=4)
@@ -115,9 +120,10 @@ def lookup_instance(instance_id: str, source: InstanceSource | None = None) -> S
     source = source or InstanceSource.from_env()
     if source is None:
         raise EvaluationError(f"instance {instance_id!r} is given only by its instance_id and no SWE dataset is "
-                           f"configured to look it up in: {HOW}")  # fmt: skip
+                              f"configured to look it up in: {HOW}")  # fmt: skip
     try:
-        index = _index(source, source.version())
+        with _LOADING:
+            index = _index(source, source.version())
     except PolarError as exc:
         raise EvaluationError(f"instance {instance_id!r}: cannot read {source.describe()}: {exc}") from exc
     row = index.get(instance_id)
