@@ -14,7 +14,7 @@ import pytest
 from polar_swebench import lookup
 from polar_swebench.lookup import DATASET_ENV, SPLIT_ENV, InstanceSource, lookup_instance
 
-from polar_cli.api import EvaluationContext, EvaluationError, TaskRequest, Trajectory
+from polar_cli.api import ConfigError, EvaluationContext, EvaluationError, TaskRequest, Trajectory
 from polar_cli.harnesses.testing import polar_run_file
 from polar_cli.registry import get_evaluator, get_harness, reset_registry
 from tests.conftest import shared_fixture
@@ -68,7 +68,7 @@ def test_the_paper_payload_is_accepted_by_polar_serve_unchanged(
 )
 def test_repo_dir_must_be_an_absolute_runtime_path_without_dotdot(repo_dir: str, problem: str) -> None:
     config = {**config_of(payload()), "repo_dir": repo_dir}
-    with pytest.raises(Exception, match="repo_dir") as info:
+    with pytest.raises(ConfigError, match="repo_dir") as info:
         get_evaluator("swebench_harness").check_config(config)
     assert problem in str(info.value)
 
