@@ -53,7 +53,7 @@ class Serve:
     def __init__(self, data_dir: Path, *args: str, default_data_dir: bool = False) -> None:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log = (data_dir / "serve.log").open("ab")
         self.err = (data_dir / "serve.err").open("ab")
         where = [] if default_data_dir else ["--data-dir", str(data_dir)]

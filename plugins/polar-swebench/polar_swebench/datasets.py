@@ -120,15 +120,15 @@ def local_copy(dataset: str) -> str:
             f"(a {'/'.join(DATA_SUFFIXES)} file or a folder of them)")  # fmt: skip
 
 
-def hub_rows(hub_id: str, split: str, dataset: str) -> Iterator[dict[str, Any]]:
+def hub_rows(hub_id: str, split: str, hint: str) -> Iterator[dict[str, Any]]:
     """The rows of ``hub_id``'s ``split``, loaded with ``datasets``; without the hub, one line within seconds (not
-    the library's ~24 s of retry warnings) naming ``dataset``'s ``path`` option."""
+    the library's ~24 s of retry warnings) ending with ``hint``: how to give a local copy instead."""
     datasets = require("datasets", needed_by=f"loading {hub_id} from the hub", distribution="polar-swebench",
-                       also=f"; or {local_copy(dataset)}")  # fmt: skip
+                       also=f"; or {hint}")  # fmt: skip
     try:
         rows: Iterable[dict[str, Any]] = load_from_hub(
             lambda: datasets.load_dataset(hub_id, split=split), name=f"{hub_id} (split {split})",
-            local_copy=local_copy(dataset))  # fmt: skip
+            local_copy=hint)  # fmt: skip
     except PolarError:
         raise
     except Exception as exc:  # auth, unknown split...: the library's own message says which
@@ -150,7 +150,7 @@ class SweDataset(Dataset):
         split = config.split or self.split
         if config.path is not None:
             return local_rows(Path(config.path), config.split)
-        return hub_rows(config.hub_id or self.hub_id, split, self.name)
+        return hub_rows(config.hub_id or self.hub_id, split, local_copy(self.name))
 
     def tasks(self, **raw: Any) -> Iterator[TaskRequest]:
         config: SweDatasetConfig = self.parse_config(raw)

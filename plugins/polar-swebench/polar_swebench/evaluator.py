@@ -1,10 +1,14 @@
 """``swebench_harness``: grade the agent's patch with the instance's tests in a fresh runtime.
 
-1. The patch: ``patch_command`` runs in the agent's runtime (in ``cwd``, default the runtime's workdir, e.g.
+0. The instance: the SWE row in ``instance``, or (the paper's payload) only its ``instance_id``, looked up now in the
+   dataset the operator configured where it grades (:mod:`polar_swebench.lookup`); an id that cannot be found is an
+   EvaluationError naming it (the session ends ``error`` with that message).
+1. The patch: ``patch_command`` runs in the agent's runtime (in ``repo_dir``, default the runtime's workdir, e.g.
    ``/testbed``; it sees ``POLAR_BASE_COMMIT`` = the instance's base commit) and prints a git diff; sections of
    harness droppings (``exclude``) are removed. An empty patch scores 0.0.
-2. It is applied in the fresh runtime (``evaluator.refresh_runtime: true``: started from the same image while the agent
-   ran) with ``git apply --verbose``, else ``patch --batch --fuzz=5 -p1``; a patch that does not apply scores 0.0.
+2. It is applied in the fresh runtime's ``repo_dir`` (``evaluator.refresh_runtime: true``: started from the same image
+   while the agent ran) with ``git apply --verbose``, else ``patch --batch --fuzz=5 -p1``; a patch that does not apply
+   scores 0.0.
 3. The instance's eval script (see :mod:`polar_swebench.scripts`) runs there under ``eval_timeout_seconds`` (also
    bounded by ``EvaluatorSpec.timeout_seconds``, the evaluation budget, separate from the agent's), stdout and
    stderr merged into one log; the log's tail is kept in the result (the whole log under ``log_dir`` when set).
@@ -16,14 +20,16 @@ result's ``details``: the session result's ``metadata.evaluation`` and the expor
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
 from polar_cli.api import (
+    SESSION_PATH,
     ConfigError,
     EvaluationContext,
     EvaluationError,
@@ -37,6 +43,7 @@ from polar_cli.api import (
 )
 from polar_swebench.grading import grade, output_section
 from polar_swebench.instance import SweInstance
+from polar_swebench.lookup import InstanceRef, lookup_instance
 from polar_swebench.patch import DEFAULT_EXCLUDE, DEFAULT_PATCH_COMMAND, GIT_APPLY, PATCH_FALLBACK, filter_patch
 from polar_swebench.scripts import EvalPlan, eval_plan
 
@@ -51,12 +58,49 @@ RUN_SCRIPT = 'exec bash "$1" 2>&1'
 class SwebenchHarnessConfig(StrictModel):
     """``EvaluatorSpec.config`` of ``swebench_harness``."""
 
-    instance: SweInstance = Field(description="the SWE instance (SWE-bench / SWE-Gym row)")
+    instance: SweInstance | InstanceRef = Field(
+        description="the SWE instance (SWE-bench / SWE-Gym row), or only its instance_id: looked up when grading"
+    )
     patch_command: str = Field(default=DEFAULT_PATCH_COMMAND, description="prints the agent's patch (bash -lc)")
     exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDE), description="paths dropped from it")
-    cwd: str | None = Field(default=None, description="the repository (default: the runtime's workdir)")
+    repo_dir: str | None = Field(
+        default=None, description="the repository inside the runtime, e.g. /testbed (default: the runtime's workdir)"
+    )
     eval_timeout_seconds: float | None = Field(default=1800.0, gt=0, description="the test run's own limit")
     log_dir: str | None = Field(default=None, description="host folder for the full eval logs (<session>.log)")
+
+    @field_validator("instance", mode="wrap")
+    @classmethod
+    def _instance_or_id(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """``{"instance_id": ...}`` alone is a reference; any other mapping is a full row (errors name its fields)."""
+        if isinstance(value, Mapping):
+            model = InstanceRef if set(value) == {"instance_id"} else SweInstance
+            return model.model_validate(dict(value))
+        return handler(value)
+
+    @field_validator("repo_dir")
+    @classmethod
+    def _runtime_path(cls, value: str | None) -> str | None:
+        """A directory inside the runtime: absolute, no ``..``; see :func:`runtime_dir`."""
+        return None if value is None else runtime_dir(value)
+
+
+def runtime_dir(path: str) -> str:
+    """``path`` as a directory inside the runtime, normalised; ValueError unless it is absolute (the runtime's own
+    root: ``/testbed`` in an SWE image) with no ``..`` part and no control character.
+
+    ``repo_dir`` is only ever the working directory of commands the evaluator runs through the runtime (exec in the
+    container); Polar never opens it on the host. Absolute, so it means the same in the agent's runtime and the fresh
+    one (a relative path would be resolved against each session's own directory); no ``..``, so it names the directory
+    it says and nothing above it.
+    """
+    if any(ord(c) < 32 for c in path):
+        raise ValueError("must not contain control characters")
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} must be an absolute path inside the runtime, e.g. /testbed")
+    if ".." in path.split("/"):
+        raise ValueError(f"{path!r} must not contain '..'")
+    return posixpath.normpath(path)
 
 
 def _limit(seconds: float | None, context: EvaluationContext) -> float | None:
@@ -78,11 +122,11 @@ def _output(result: ExecResult) -> str:
 
 
 async def take_patch(
-    agent: RuntimeHandle, config: SwebenchHarnessConfig, timeout: float | None
+    agent: RuntimeHandle, instance: SweInstance, config: SwebenchHarnessConfig, timeout: float | None
 ) -> tuple[str | None, dict[str, Any]]:
     """The agent's cleaned patch (None when it could not be taken) and what to report about it."""
-    env = {"POLAR_BASE_COMMIT": config.instance.base_commit} if config.instance.base_commit else {}
-    made = await _exec(agent, ["bash", "-lc", config.patch_command], cwd=config.cwd, env=env, timeout=timeout)
+    env = {"POLAR_BASE_COMMIT": instance.base_commit} if instance.base_commit else {}
+    made = await _exec(agent, ["bash", "-lc", config.patch_command], cwd=config.repo_dir, env=env, timeout=timeout)
     if not made.ok:
         reason = "timed out" if made.timed_out else f"exited {made.exit_code}"
         return None, {"reason": f"patch_command {reason}: {_output(made)}"}
@@ -103,9 +147,7 @@ async def apply_patch(
     return None, "\n".join(said)
 
 
-async def run_eval_script(
-    fresh: RuntimeHandle, plan: EvalPlan, cwd: str | None, timeout: float | None
-) -> ExecResult:
+async def run_eval_script(fresh: RuntimeHandle, plan: EvalPlan, cwd: str | None, timeout: float | None) -> ExecResult:
     path = posixpath.join(fresh.session_path, SCRIPT_NAME)
     try:
         await fresh.write_file(path, plan.script, mode=0o755)
@@ -126,6 +168,25 @@ def _keep_log(config: SwebenchHarnessConfig, session_id: str, log: str) -> str |
     return str(path)
 
 
+async def _instance(config: SwebenchHarnessConfig) -> SweInstance:
+    """The instance: given in full, or looked up by id in the operator's dataset (in a thread: it may read files)."""
+    if isinstance(config.instance, SweInstance):
+        return config.instance
+    try:
+        return await asyncio.to_thread(lookup_instance, config.instance.instance_id)
+    except EvaluationError as exc:
+        raise EvaluationError(f"{NAME}: {exc}") from exc
+
+
+def _check_local_repo_dir(config: SwebenchHarnessConfig, context: EvaluationContext) -> None:
+    """The ``local`` runtime runs on the host itself: there ``repo_dir`` must lie in the session's own directory."""
+    if config.repo_dir is None or context.task is None or context.task.runtime.backend != "local":
+        return
+    if config.repo_dir != SESSION_PATH and not config.repo_dir.startswith(SESSION_PATH + "/"):
+        raise EvaluationError(f"{NAME}: repo_dir {config.repo_dir!r} is a host path under the local runtime: "
+                              f"give a directory under {SESSION_PATH} (or use a container runtime)")  # fmt: skip
+
+
 def _result(resolved: bool, details: dict[str, Any]) -> EvaluationResult:
     return EvaluationResult(reward=1.0 if resolved else 0.0, details=details)
 
@@ -140,6 +201,8 @@ class SwebenchHarnessEvaluator(Evaluator):
 
     def check_config(self, config: Mapping[str, Any]) -> None:
         parsed: SwebenchHarnessConfig = self.parse_config(config)
+        if isinstance(parsed.instance, InstanceRef):
+            return  # looked up and checked when graded, where the operator's dataset is
         try:
             eval_plan(parsed.instance)
         except EvaluationError as exc:
@@ -147,15 +210,16 @@ class SwebenchHarnessEvaluator(Evaluator):
 
     async def evaluate(self, context: EvaluationContext) -> EvaluationResult:
         config: SwebenchHarnessConfig = self.parse_config(context.config)
-        instance = config.instance
-        plan = eval_plan(instance)
         if context.fresh_runtime is None or context.runtime is None:
             raise EvaluationError(
                 f"{NAME}: needs the agent's runtime and a fresh one: set evaluator.refresh_runtime: true"
             )
+        _check_local_repo_dir(config, context)
+        instance = await _instance(config)
+        plan = eval_plan(instance)
         details: dict[str, Any] = {"instance_id": instance.instance_id, "repo": instance.repo,
                                    "script_source": plan.source, "patch_applied": False, "resolved": False}  # fmt: skip
-        patch, about = await take_patch(context.runtime, config, _limit(None, context))
+        patch, about = await take_patch(context.runtime, instance, config, _limit(None, context))
         details.update(about)
         if patch is None:
             return _result(False, details)
@@ -164,14 +228,14 @@ class SwebenchHarnessEvaluator(Evaluator):
                 f" (only {', '.join(about['patch_dropped'][:5])}, which are dropped)" if about["patch_dropped"] else ""
             )
             return _result(False, details)
-        method, said = await apply_patch(context.fresh_runtime, patch, config.cwd, _limit(None, context))
+        method, said = await apply_patch(context.fresh_runtime, patch, config.repo_dir, _limit(None, context))
         if method is None:
             details["reason"] = f"the patch does not apply:\n{said}"
             return _result(False, details)
         details.update(patch_applied=True, apply_method=method)
 
         limit = _limit(config.eval_timeout_seconds, context)
-        run = await run_eval_script(context.fresh_runtime, plan, config.cwd, limit)
+        run = await run_eval_script(context.fresh_runtime, plan, config.repo_dir, limit)
         log = run.stdout + (f"\n{run.stderr}" if run.stderr else "")
         details.update(eval_exit_code=run.exit_code, eval_timed_out=run.timed_out, log=tail(log, LOG_KEEP))
         log_path = _keep_log(config, context.session_id, log)

@@ -16,7 +16,7 @@ import os
 import re
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import packages_distributions
 from pathlib import Path
@@ -207,6 +207,47 @@ def _repo_layer(repo: Path) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(repo, arcname="testbed")
     return buffer.getvalue()
+
+
+def _resolved_by_polar_run(data: dict[str, Any], folder: Path) -> Any:
+    """``polar run`` of the task ``data`` (a subprocess); its one SessionResult, checked completed, reward 1.0 on every
+    trace, the fixture's FAIL_TO_PASS test passing after the patch applied."""
+    from polar_cli.harnesses.testing import polar_run_file
+
+    task_file = folder / "task.json"
+    task_file.write_text(json.dumps(data))
+    (report,) = polar_run_file(task_file, folder)
+    result = report.result
+    assert result is not None and report.exit_code == 0, report.describe()
+    assert (result.status, result.reward) == ("completed", 1.0), report.describe()
+    evaluation = result.metadata["evaluation"]
+    assert evaluation["resolved"] is True and evaluation["patch_applied"] is True
+    assert evaluation["tests"]["FAIL_TO_PASS"] == {"tests/test_calc.py::test_add": "PASSED"}
+    assert result.trajectory.traces and all(t.reward == 1.0 for t in result.trajectory.traces)
+    return result
+
+
+@pytest.fixture
+def resolved_by_polar_run() -> Callable[[dict[str, Any], Path], Any]:
+    """``resolved_by_polar_run(task_data, folder)``: the SessionResult of ``polar run``, checked graded resolved."""
+    return _resolved_by_polar_run
+
+
+@pytest.fixture
+def need_cli() -> Callable[[str], None]:
+    """``need_cli(name)``: skip unless harness ``name``'s CLI is installed; under CI fail instead (a test that always
+    skips is a hole)."""
+    from polar_cli.harnesses.testing import in_ci, missing_cli_reason
+    from polar_cli.registry import get_harness
+
+    def need(name: str) -> None:
+        reason = missing_cli_reason(get_harness(name))
+        if reason:
+            if in_ci():
+                pytest.fail(reason)
+            pytest.skip(reason)
+
+    return need
 
 
 def docker_or_skip() -> Any:

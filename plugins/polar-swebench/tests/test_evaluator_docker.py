@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from polar_cli.harnesses.testing import in_ci, polar_run_file
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models import Trajectory
 from polar_cli.models.task import RuntimeSpec
-from polar_cli.registry import get_dataset, get_evaluator, get_harness
+from polar_cli.registry import get_dataset, get_evaluator
 from polar_cli.runtimes import start_session
 from polar_cli.runtimes.docker import LABEL_SESSION, docker_client
 
@@ -151,29 +151,16 @@ def pi_edit_script() -> list[dict[str, Any]]:
 
 
 def test_a_pi_session_run_with_polar_run_is_graded_resolved_in_a_fresh_container(
-    swe_image: str, swe_fixture: Any, tmp_path: Path
+    swe_image: str, swe_fixture: Any, tmp_path: Path, need_cli: Callable[[str], None],
+    resolved_by_polar_run: Callable[[dict[str, Any], Path], Any],
 ) -> None:
     """The real pi CLI (scripted backend) edits the repository it starts in (/testbed); `polar run` grades it."""
-    pi = get_harness("pi")
-    if not pi.is_installed():
-        reason = f"pi {pi.version} is not installed (run .ci/setup_harnesses.sh or polar harness install pi)"
-        if in_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
+    need_cli("pi")
     rows = tmp_path / "instances.jsonl"
     rows.write_text(json.dumps(swe_fixture.instance) + "\n")
     options = {"harness": "pi", "model_name": "polar-test", "image_template": swe_image, "timeout_seconds": 300}
     (task,) = get_dataset("swegym").tasks(path=str(rows), eval_timeout_seconds=120, **options)
     data = task.model_dump(mode="json", exclude_none=True)
     data["metadata"]["script"] = pi_edit_script()
-    task_file = tmp_path / "task.json"
-    task_file.write_text(json.dumps(data))
-    (report,) = polar_run_file(task_file, tmp_path)
-    result = report.result
-    assert result is not None and report.exit_code == 0, report.describe()
-    assert (result.status, result.reward) == ("completed", 1.0), report.describe()
-    evaluation = result.metadata["evaluation"]
-    assert evaluation["resolved"] is True and evaluation["patch_applied"] is True
-    assert evaluation["tests"]["FAIL_TO_PASS"] == {"tests/test_calc.py::test_add": "PASSED"}
-    assert result.trajectory.traces and all(t.reward == 1.0 for t in result.trajectory.traces)
+    result = resolved_by_polar_run(data, tmp_path)
     assert left_behind(result.session_id) == []

@@ -173,7 +173,7 @@ def test_evaluator_config_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown field 'eval_timeout'"):
         evaluator.check_config({"instance": {"instance_id": "a", "repo": "b", "eval_script": "x"}, "eval_timeout": 3})
     with pytest.raises(ConfigError, match=r"instance\.repo"):
-        evaluator.check_config({"instance": {"instance_id": "a"}})
+        evaluator.check_config({"instance": {"instance_id": "a", "base_commit": "c0ffee"}})  # a row, lacking repo
     with pytest.raises(ConfigError, match=r"no eval_script"):
         evaluator.check_config({"instance": {"instance_id": "getmoto__moto-1", "repo": "someone/unknown"}})
     evaluator.check_config({"instance": {"instance_id": "a", "repo": "b", "eval_script": "x"}})
