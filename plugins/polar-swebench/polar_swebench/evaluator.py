@@ -11,7 +11,8 @@
    scores 0.0.
 3. The instance's eval script (see :mod:`polar_swebench.scripts`) runs there under ``eval_timeout_seconds`` (also
    bounded by ``EvaluatorSpec.timeout_seconds``, the evaluation budget, separate from the agent's), stdout and
-   stderr merged into one log; the log's tail is kept in the result (the whole log under ``log_dir`` when set).
+   stderr merged into one log; the log's tail is kept in the result (the whole log under the operator's
+   ``POLAR_SWEBENCH_LOG_DIR`` when set).
 4. :func:`polar_swebench.grading.grade` decides: reward 1.0 when resolved, else 0.0.
 
 The report (patch applied or why not, each FAIL_TO_PASS / PASS_TO_PASS test's status, resolved, reason) is the
@@ -21,6 +22,7 @@ result's ``details``: the session result's ``metadata.evaluation`` and the expor
 from __future__ import annotations
 
 import asyncio
+import os
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,7 +69,6 @@ class SwebenchHarnessConfig(StrictModel):
         default=None, description="the repository inside the runtime, e.g. /testbed (default: the runtime's workdir)"
     )
     eval_timeout_seconds: float | None = Field(default=1800.0, gt=0, description="the test run's own limit")
-    log_dir: str | None = Field(default=None, description="host folder for the full eval logs (<session>.log)")
 
     @field_validator("instance", mode="wrap")
     @classmethod
@@ -156,10 +157,16 @@ async def run_eval_script(fresh: RuntimeHandle, plan: EvalPlan, cwd: str | None,
     return await _exec(fresh, ["bash", "-c", RUN_SCRIPT, "polar-eval", path], cwd=cwd, timeout=timeout)
 
 
-def _keep_log(config: SwebenchHarnessConfig, session_id: str, log: str) -> str | None:
-    if not config.log_dir:
+LOG_DIR_ENV = "POLAR_SWEBENCH_LOG_DIR"
+"""The operator's host folder for the full eval logs (``<session>.log``): set where Polar grades, never by a task (a
+task naming a host folder to write into would reach the host file system)."""
+
+
+def _keep_log(session_id: str, log: str) -> str | None:
+    folder = os.environ.get(LOG_DIR_ENV)
+    if not folder:
         return None
-    path = Path(config.log_dir) / f"{session_id}.log"
+    path = Path(folder) / f"{session_id}.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(log, encoding="utf-8")
@@ -238,7 +245,7 @@ class SwebenchHarnessEvaluator(Evaluator):
         run = await run_eval_script(context.fresh_runtime, plan, config.repo_dir, limit)
         log = run.stdout + (f"\n{run.stderr}" if run.stderr else "")
         details.update(eval_exit_code=run.exit_code, eval_timed_out=run.timed_out, log=tail(log, LOG_KEEP))
-        log_path = _keep_log(config, context.session_id, log)
+        log_path = _keep_log(context.session_id, log)
         if log_path:
             details["log_path"] = log_path
         try:

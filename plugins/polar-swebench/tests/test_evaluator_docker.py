@@ -74,8 +74,11 @@ def grade(swe_image: str, swe_fixture: Any, tmp_path: Path, patch: str, **config
     return {**result.details, "reward": result.reward}
 
 
-def test_the_gold_patch_resolves(swe_image: str, swe_fixture: Any, tmp_path: Path) -> None:
-    report = grade(swe_image, swe_fixture, tmp_path, swe_fixture.patches["gold"], log_dir=str(tmp_path / "logs"))
+def test_the_gold_patch_resolves(
+    swe_image: str, swe_fixture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLAR_SWEBENCH_LOG_DIR", str(tmp_path / "logs"))  # the operator's log folder
+    report = grade(swe_image, swe_fixture, tmp_path, swe_fixture.patches["gold"])
     assert report["reward"] == 1.0, report
     assert (report["patch_applied"], report["apply_method"], report["reason"]) == (True, "git apply", None)
     assert report["patch_dropped"] == [".pi/agent/settings.json", "calc/__pycache__/c.pyc"]

@@ -78,6 +78,13 @@ def test_repo_dir_is_normalised() -> None:
     assert get_evaluator("swebench_harness").parse_config(config).repo_dir == "/testbed/src"
 
 
+def test_a_task_cannot_name_a_host_folder_for_the_eval_logs() -> None:
+    """The full eval logs go where the operator says (POLAR_SWEBENCH_LOG_DIR), never to a folder a task names."""
+    config = {**config_of(payload()), "log_dir": "/etc"}
+    with pytest.raises(ConfigError, match="log_dir"):
+        get_evaluator("swebench_harness").check_config(config)
+
+
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
