@@ -121,7 +121,7 @@ def test_export_from_binary_token_columns_writes_the_rows_the_json_path_writes(t
     with sqlite3.connect(tmp_path / "gen" / "ledger.db") as db:
         db.execute("DROP TABLE result_tokens")  # as a ledger written before the table existed
     old = export(tmp_path / "gen", tmp_path / "old", ExportOptions())
-    assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}}
+    assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}, "preferences": {"train": 0}}
     assert _rows(tmp_path / "new") == _rows(tmp_path / "old")
 
 
