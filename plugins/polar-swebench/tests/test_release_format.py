@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from polar_cli.export import ExportOptions, export
 from polar_cli.generate.ledger import Ledger
 from polar_cli.generate.runner import summarize
 from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
-from polar_cli.registry import get_dataset
+from polar_cli.registry import LOAD_ENV, get_dataset, reset_registry
 from tests.support.docs import ROOT, code_blocks
 
 REPOS = {"acme/widgets": 15, "acme/gadgets": 10}
@@ -81,7 +82,17 @@ def session(task: TaskRequest, sample: int, fate: str) -> SessionResult:
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def swebench_only() -> Iterator[None]:
+    """As conftest's ``_swebench_loaded``, for this module's fixtures: this package's components, no other plugin."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LOAD_ENV, "swebench")
+        reset_registry()
+        yield
+    reset_registry()
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory, swebench_only: None) -> dict[str, Any]:
     """A generate folder (``swegym-pi``, as the docs name it) and what each session is."""
     work = tmp_path_factory.mktemp("release")
     rows = work / "rows.jsonl"
@@ -116,7 +127,7 @@ def parquet_rows(folder: Path, config: str) -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def released(generated: dict[str, Any]) -> dict[str, Any]:
+def released(generated: dict[str, Any], swebench_only: None) -> dict[str, Any]:
     """The documented command, run with the real CLI in the generate folder's parent."""
     args = documented_command()
     cwd = os.getcwd()
