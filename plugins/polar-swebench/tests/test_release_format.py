@@ -29,8 +29,9 @@ from polar_cli.generate.ledger import Ledger
 from polar_cli.generate.runner import summarize
 from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.registry import LOAD_ENV, get_dataset, reset_registry
-from tests.support.docs import ROOT, code_blocks
+from tests.support.docs import code_blocks
 
+ROOT = Path(__file__).resolve().parents[3]
 REPOS = {"acme/widgets": 15, "acme/gadgets": 10}
 """Instances per repo; each runs twice."""
 SAMPLES = 2
