@@ -40,13 +40,16 @@ def export_command(
     min_reward: float | None = typer.Option(None, "--min-reward", help="Only sessions with at least this reward."),
     keep_rejected: bool = typer.Option(False, "--keep-rejected", help="Filtered-out rows go to a 'rejected' split."),
     test_size: float = typer.Option(0.0, "--test-size", help="Fraction of each group's sessions for a test split."),
-    stratify_by: str = typer.Option("repo", "--stratify-by", help="Task metadata field the split stratifies by."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the split."),
+    stratify_by: str = typer.Option(
+        "repo", "--stratify-by", help="Task metadata field the split stratifies by and the card's tables group by."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split and of the preference pairs."),
     license: str = typer.Option("other", "--license", help="The dataset card's license."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
     json_output: bool = JsonOption,
 ) -> None:
-    """Export generated sessions as a HuggingFace dataset: configs 'traces' and 'messages', parquet, a card."""
+    """Export generated sessions as a HuggingFace dataset: configs 'traces', 'messages' and 'preferences', parquet,
+    a card."""
     options = validate_model(ExportOptions, {
         "accepted_only": accepted_only, "min_reward": min_reward, "keep_rejected": keep_rejected,
         "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,

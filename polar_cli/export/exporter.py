@@ -1,9 +1,13 @@
 """``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
 
-Two passes over the ledger: the first reads only the small summary columns (filters, the split, the card's stats),
-the second streams each exported SessionResult once, in dataset order, into sharded parquet writers. Memory holds two
-record batches per (config, split), however many traces there are. The folder is written beside ``to`` and renamed into
-place at the end, so a crash never leaves half a dataset under ``to``.
+Configs: ``traces`` (token-faithful training traces), ``messages`` (one conversation per session, with the SWE instance
+columns of ``polar_cli.export.instance``) and ``preferences`` (accepted / rejected pairs: ``preferences.py``).
+
+Two passes over the ledger: the first reads only the small summary columns (filters, the split, the preference pairs,
+the card's stats), the second streams each SessionResult it needs once, in dataset order, into sharded parquet writers.
+Memory holds two record batches per (config, split), however many traces there are, and the messages rows of paired
+sessions whose partner is not read yet (the ledger's order keeps a task's sessions together). The folder is written
+beside ``to`` and renamed into place at the end, so a crash never leaves half a dataset under ``to``.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +24,8 @@ from pydantic import Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.export.card import dataset_card
+from polar_cli.export.instance import instance_fields, session_fields
+from polar_cli.export.preferences import Key, Pair, pair_sessions, preference_row
 from polar_cli.export.split import stratified_test_keys
 from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
@@ -29,7 +35,7 @@ from polar_cli.models.task import without_script
 if TYPE_CHECKING:
     from polar_cli.export.parquet import ShardedWriter
 
-CONFIGS = ("traces", "messages")
+CONFIGS = ("traces", "messages", "preferences")
 REJECTED = "rejected"
 ExportProgress = Callable[[str, int, int], None]
 """``on_progress(step, done, total)``: what the export is doing; ``done`` of ``total`` sessions while it counts
@@ -43,8 +49,11 @@ class ExportOptions(StrictModel):
     min_reward: float | None = Field(default=None, description="only sessions with at least this reward")
     keep_rejected: bool = Field(default=False, description="rows the filters drop go to a 'rejected' split")
     test_size: float = Field(default=0.0, ge=0.0, lt=1.0, description="fraction of each group's sessions for test")
-    stratify_by: str = Field(default="repo", description="task metadata field (or task_id) the split stratifies")
-    seed: int = 0
+    stratify_by: str = Field(
+        default="repo",
+        description="task metadata field (or task_id) the split stratifies and the card's statistics group by",
+    )
+    seed: int = Field(default=0, description="seed of the split and of the preference pairs")
     license: str = "other"
     overwrite: bool = False
 
@@ -79,14 +88,17 @@ class TaskInfo:
     model: str | None
     policy_version: str | None
     metadata: str
+    instance: dict[str, Any]
+    """Its SWE instance fields (``polar_cli.export.instance``)."""
 
 
 def task_info(task: TaskRequest) -> TaskInfo:
     meta = without_script(task.metadata)
     version = meta.get("policy_version")
-    return TaskInfo(task.task_id, str(meta.get("instance_id", task.task_id)), task.agent.harness,
-                    task.agent.model_name, None if version is None else str(version),
-                    orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode())  # fmt: skip
+    instance = instance_fields(task)
+    return TaskInfo(task.task_id, instance["instance_id"] or task.task_id, task.agent.harness, task.agent.model_name,
+                    None if version is None else str(version),
+                    orjson.dumps(meta, option=orjson.OPT_NON_STR_KEYS).decode(), instance)  # fmt: skip
 
 
 def _text(content: Any) -> str | None:
@@ -143,14 +155,17 @@ def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any],
 
 
 def message_row(row: ResultRow, info: TaskInfo, result: dict[str, Any]) -> dict[str, Any]:
-    """The ``messages`` row of one session: its main conversation (the trace with the most messages)."""
+    """The ``messages`` row of one session: its main conversation (the trace with the most messages), its instance
+    columns and grade."""
     traces = result["trajectory"]["traces"]
     main = max(traces, key=lambda t: len(t.get("prompt_messages", [])) + len(t.get("response_messages", [])),
                default=None)  # fmt: skip
     messages = [] if main is None else [*main.get("prompt_messages", []), *main.get("response_messages", [])]
     tools = None if main is None or main.get("tools") is None else orjson.dumps(main["tools"]).decode()
+    evaluation = (result.get("metadata") or {}).get("evaluation")
     return {**_ids(row, info), "messages": [_message(m) for m in messages], "tools": tools,
-            "num_turns": result.get("num_completions", 0), "metadata": info.metadata}  # fmt: skip
+            "num_turns": result.get("num_completions", 0), "metadata": info.metadata,
+            **session_fields(info.instance, evaluation)}  # fmt: skip
 
 
 class ExportSource(Protocol):
@@ -165,17 +180,46 @@ class ExportSource(Protocol):
     def task_field(self, field: str) -> dict[str, str]: ...
 
 
-def _plan(ledger: ExportSource, options: ExportOptions) -> tuple[dict[tuple[str, int], str], list[ResultRow]]:
-    """Each exported session's split, from the summary columns alone."""
+@dataclass
+class Plan:
+    """What the second pass writes, from the summary columns alone."""
+
+    rows: list[ResultRow]
+    """Every session of the ledger, in dataset order."""
+    strata: dict[str, str]
+    """Each task's ``stratify_by`` value."""
+    split: dict[Key, str]
+    """Each exported session's split."""
+    pairs: list[Pair]
+    """The preference pairs written (their chosen session exported to train or test)."""
+
+    def streamed(self) -> list[ResultRow]:
+        """The sessions whose results the second pass reads: the exported ones and the paired ones."""
+        wanted = set(self.split) | {key for p in self.pairs for key in (p.chosen, p.rejected)}
+        return [r for r in self.rows if (r.task_id, r.sample_index) in wanted]
+
+
+def _plan(ledger: ExportSource, options: ExportOptions) -> Plan:
     rows = ledger.rows()
-    strata = ledger.task_field(options.stratify_by) if options.test_size else {}
+    strata = ledger.task_field(options.stratify_by)
     kept = [r for r in rows if options.keeps(r)]
     test = stratified_test_keys([((r.task_id, r.sample_index), strata.get(r.task_id, "-")) for r in kept],
                                 options.test_size, options.seed) if options.test_size else set()  # fmt: skip
     plan = {(r.task_id, r.sample_index): "test" if (r.task_id, r.sample_index) in test else "train" for r in kept}
     if options.keep_rejected:
         plan.update({(r.task_id, r.sample_index): REJECTED for r in rows if not options.keeps(r)})
-    return plan, [r for r in rows if (r.task_id, r.sample_index) in plan]
+    pairs = [p for p in pair_sessions(rows, options.seed) if plan.get(p.chosen) in ("train", "test")]
+    return Plan(rows, strata, plan, pairs)
+
+
+def split_counts(exported: Iterable[ResultRow], plan: Plan) -> dict[str, dict[str, int]]:
+    """Exported sessions per stratum and split."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in exported:
+        per = counts.setdefault(plan.strata.get(r.task_id, "-"), {})
+        split = plan.split[(r.task_id, r.sample_index)]
+        per[split] = per.get(split, 0) + 1
+    return {stratum: counts[stratum] for stratum in sorted(counts)}
 
 
 def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
@@ -194,9 +238,10 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
     with contextlib.ExitStack() as stack:
         progress(f"reading {source}", 0, 0)
         ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
-        plan, exported = _plan(ledger, options)
-        writing = f"writing {len(exported)} sessions"
-        progress(writing, 0, len(exported))
+        plan = _plan(ledger, options)
+        streamed = plan.streamed()
+        writing = f"writing {len(streamed)} sessions"
+        progress(writing, 0, len(streamed))
         writers: dict[tuple[str, str], ShardedWriter] = {}
 
         def writer(config: str, split: str) -> ShardedWriter:
@@ -207,25 +252,35 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
 
         for config in CONFIGS:
             writer(config, "train")  # always present, even when empty
+        partner = {key: pair for pair in plan.pairs for key in (pair.chosen, pair.rejected)}
+        waiting: dict[Key, dict[str, Any]] = {}  # messages rows of paired sessions whose partner is not read yet
         info: TaskInfo | None = None
-        for done, (row, blob, tokens) in enumerate(ledger.export_results(exported), 1):
-            split = plan[(row.task_id, row.sample_index)]
+        for done, (row, blob, tokens) in enumerate(ledger.export_results(streamed), 1):
+            key = (row.task_id, row.sample_index)
             if info is None or info.task_id != row.task_id:
                 info = task_info(ledger.task(row.task_id))
             result = orjson.loads(blob)
-            traces = writer("traces", split)
-            for values, count in trace_rows(row, info, result, tokens):
-                traces.add(values, count)
-            writer("messages", split).add(message_row(row, info, result))
-            progress(writing, done, len(exported))
+            messages = message_row(row, info, result)
+            if (split := plan.split.get(key)) is not None:
+                traces = writer("traces", split)
+                for values, count in trace_rows(row, info, result, tokens):
+                    traces.add(values, count)
+                writer("messages", split).add(messages)
+            if (pair := partner.get(key)) is not None:
+                waiting[key] = messages
+                if pair.chosen in waiting and pair.rejected in waiting:
+                    preference = preference_row(waiting.pop(pair.chosen), waiting.pop(pair.rejected))
+                    writer("preferences", plan.split[pair.chosen]).add(preference)
+            progress(writing, done, len(streamed))
         progress("writing the dataset card", 0, 0)
         report = ExportReport(out=to)
         for w in writers.values():
             w.close()
             report.rows.setdefault(w.config, {})[w.split] = w.rows
-        card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(exported),
-                            group_by="group", source=str(source),
-                            filters=options.describe())  # fmt: skip
+        exported = [r for r in plan.rows if (r.task_id, r.sample_index) in plan.split]
+        card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(
+            replace(r, group=plan.strata.get(r.task_id, "-")) for r in plan.rows), group_by=options.stratify_by,
+            per_split=split_counts(exported, plan), source=str(source), filters=options.describe())  # fmt: skip
         (staging / "README.md").write_text(card, encoding="utf-8")
     if to.exists():
         shutil.rmtree(to) if to.is_dir() else to.unlink()

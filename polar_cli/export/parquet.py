@@ -1,4 +1,4 @@
-"""The two exported configs' schemas and a streaming, sharded parquet writer (pyarrow, row batches). pyarrow comes
+"""The exported configs' schemas and a streaming, sharded parquet writer (pyarrow, row batches). pyarrow comes
 with the ``hf`` extra: importing this module without it raises the one-line MissingDependencyError.
 
 Encoding (measured in docs/generate.md, "polar export"): every column is zstd-compressed; the token columns
@@ -46,11 +46,30 @@ TRACES = pa.schema([
     ("response_logprobs", pa.list_(pa.float64())), ("policy_versions", POLICY_VERSIONS), ("role", pa.string()),
     ("trainable", pa.bool_()), ("metadata", pa.string()),
 ])  # fmt: skip
+TEST_STATUS = pa.struct([("test", pa.string()), ("status", pa.string())])
+GRADE = pa.struct([
+    ("patch_applied", pa.bool_()), ("reason", pa.string()),
+    ("fail_to_pass_passed", pa.int32()), ("fail_to_pass_total", pa.int32()),
+    ("pass_to_pass_passed", pa.int32()), ("pass_to_pass_total", pa.int32()),
+    ("FAIL_TO_PASS", pa.list_(TEST_STATUS)), ("PASS_TO_PASS", pa.list_(TEST_STATUS)),
+])  # fmt: skip
+"""The evaluator's grade of a SWE session (``polar_cli.export.instance``); null for other tasks."""
+INSTANCE = [("repo", pa.string()), ("problem_statement", pa.string()), ("base_commit", pa.string()),
+            ("version", pa.string()), ("FAIL_TO_PASS", pa.list_(pa.string())),
+            ("PASS_TO_PASS", pa.list_(pa.string())), ("resolved", pa.bool_()), ("grade", GRADE)]  # fmt: skip
+"""The SWE instance columns of ``messages`` (the paper's release format); null where a task has no such field."""
 MESSAGES = pa.schema([*IDS, ("messages", pa.list_(MESSAGE)), ("tools", pa.string()), ("num_turns", pa.int32()),
-                      ("metadata", pa.string())])  # fmt: skip
-SCHEMAS = {"traces": TRACES, "messages": MESSAGES}
+                      ("metadata", pa.string()), *INSTANCE])  # fmt: skip
+PREFERENCES = pa.schema([
+    ("instance_id", pa.string()), ("task_id", pa.string()), ("group", pa.string()), ("repo", pa.string()),
+    ("prompt", pa.list_(MESSAGE)), ("chosen", pa.list_(MESSAGE)), ("rejected", pa.list_(MESSAGE)),
+    ("tools", pa.string()), ("chosen_session_id", pa.string()), ("rejected_session_id", pa.string()),
+    ("chosen_reward", pa.float64()), ("rejected_reward", pa.float64()), ("metadata", pa.string()),
+])  # fmt: skip
+"""TRL's conversational preference format (``prompt``, ``chosen``, ``rejected``) with the pair's ids."""
+SCHEMAS = {"traces": TRACES, "messages": MESSAGES, "preferences": PREFERENCES}
 LOW_CARDINALITY = frozenset({"task_id", "instance_id", "group", "harness", "model", "policy_version", "status",
-                             "finish_reason", "role", "type", "name", "tools"})  # fmt: skip
+                             "finish_reason", "role", "type", "name", "tools", "repo", "version"})  # fmt: skip
 """Names of the string leaves (top-level columns or message fields) that get a dictionary."""
 
 

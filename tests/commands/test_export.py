@@ -61,7 +61,7 @@ def test_export_prints_a_table_and_a_load_hint_whose_code_runs(tmp_path: Path, e
         "polar export: reading rollouts",
         *[f"polar export: writing 3 sessions ({i}/3)" for i in range(4)],
         "polar export: writing the dataset card",
-        "polar export: done: 3 files in my dataset",
+        "polar export: done: 4 files in my dataset",
     ]
     code = load.removeprefix("load it: ")
     elsewhere = tmp_path / "elsewhere"
@@ -79,7 +79,8 @@ def test_export_json_is_one_document_on_stdout(tmp_path: Path, env: dict[str, st
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["out"] == str(tmp_path / "ds") and report["source"] == str(tmp_path / "rollouts")
-    assert report["configs"] == {"traces": {"train": 2, "test": 1}, "messages": {"train": 2, "test": 1}}
+    assert report["configs"] == {"traces": {"train": 2, "test": 1}, "messages": {"train": 2, "test": 1},
+                                 "preferences": {"train": 0}}
     assert "README.md" in report["files"] and "traces/train-00000.parquet" in report["files"]
     steps, hints = done.stderr.splitlines()[:-2], done.stderr.splitlines()[-2:]
     assert steps[0] == "polar export: reading rollouts" and all(s.startswith("polar export: ") for s in steps)

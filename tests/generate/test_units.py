@@ -1,5 +1,5 @@
 """Fast checks without a harness: the stratified split, dataset options validated before anything runs, the hf
-dataset's mapping, and the export's filters on a ledger of synthetic results."""
+dataset's mapping, the export's filters on a ledger of synthetic results, and its SWE instance columns."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import pytest
 
 from polar_cli.errors import ConfigError
 from polar_cli.export import ExportOptions, export, stratified_test_keys
+from polar_cli.export.exporter import task_info
+from polar_cli.export.instance import instance_fields, session_fields
 from polar_cli.generate.ledger import Ledger, ResultRow
 from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.registry import get_dataset
+from tests.conftest import shared_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +124,7 @@ def test_export_from_binary_token_columns_writes_the_rows_the_json_path_writes(t
     with sqlite3.connect(tmp_path / "gen" / "ledger.db") as db:
         db.execute("DROP TABLE result_tokens")  # as a ledger written before the table existed
     old = export(tmp_path / "gen", tmp_path / "old", ExportOptions())
-    assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}}
+    assert new.rows == old.rows == {"traces": {"train": 6}, "messages": {"train": 3}, "preferences": {"train": 0}}
     assert _rows(tmp_path / "new") == _rows(tmp_path / "old")
 
 
@@ -141,3 +144,33 @@ def test_export_writes_token_columns_plain_and_zstd_without_statistics(tmp_path:
         assert not column.has_dictionary_page and not column.is_stats_set and column.compression == "ZSTD"
     assert columns["task_id"].has_dictionary_page and columns["reward"].is_stats_set
     assert not columns["metadata"].has_dictionary_page
+
+
+def test_instance_columns_of_the_papers_payload_come_from_its_instance_and_the_report() -> None:
+    """The paper's TaskRequest names its instance by id only: the id is the evaluator's instance's, the repo the
+    evaluator's report's; SWE-bench's JSON-text test lists are lists; a task without an instance gets nulls."""
+    task = TaskRequest.model_validate(shared_fixture("paper_task_payload.json"))
+    fields = instance_fields(task)
+    assert fields == {"instance_id": "getmoto__moto-5752", "repo": None, "problem_statement": None,
+                      "base_commit": None, "version": None, "FAIL_TO_PASS": None, "PASS_TO_PASS": None}  # fmt: skip
+    assert task_info(task).instance_id == "getmoto__moto-5752"
+    report = {"instance_id": "getmoto__moto-5752", "repo": "getmoto/moto", "patch_applied": True, "resolved": False,
+              "reason": "1 of 2 FAIL_TO_PASS tests do not pass (e.g. t::b: SKIPPED)",
+              "tests": {"FAIL_TO_PASS": {"t::a": "PASSED", "t::b": "SKIPPED"}, "PASS_TO_PASS": {"t::c": "XFAIL"}},
+              "fail_to_pass_failing": ["t::b"], "pass_to_pass_failing": []}  # fmt: skip
+    columns = session_fields(fields, report)
+    assert columns["repo"] == "getmoto/moto" and columns["resolved"] is False
+    assert columns["grade"] == {
+        "patch_applied": True, "reason": report["reason"], "fail_to_pass_passed": 1, "fail_to_pass_total": 2,
+        "pass_to_pass_passed": 1, "pass_to_pass_total": 1,
+        "FAIL_TO_PASS": [{"test": "t::a", "status": "PASSED"}, {"test": "t::b", "status": "SKIPPED"}],
+        "PASS_TO_PASS": [{"test": "t::c", "status": "XFAIL"}]}  # fmt: skip
+    instance = {"instance_id": "astropy__astropy-12907", "version": 4.3, "FAIL_TO_PASS": '["t::x"]',
+                "PASS_TO_PASS": "[]"}  # fmt: skip
+    verified = TaskRequest(task_id="v", instruction="x", agent={"harness": "pi"}, metadata={"repo": "astropy/astropy"},
+                           evaluator={"strategy": "swebench_harness", "config": {"instance": instance}})  # fmt: skip
+    assert instance_fields(verified) == {"instance_id": "astropy__astropy-12907", "repo": "astropy/astropy",
+                                         "problem_statement": None, "base_commit": None, "version": "4.3",
+                                         "FAIL_TO_PASS": ["t::x"], "PASS_TO_PASS": []}  # fmt: skip
+    plain = TaskRequest(task_id="p", instruction="x", agent={"harness": "pi"})
+    assert set(session_fields(instance_fields(plain), {"exit_code": 0}).values()) == {None}
