@@ -4,7 +4,8 @@ Every task gets these columns (one schema per config, whatever the tasks); they 
 field, as a non-SWE task has none. A task's instance fields come from its ``metadata``, else from its evaluator
 config's ``instance`` mapping (where polar-swebench's datasets attach the whole SWE-bench row: ``problem_statement``,
 ``FAIL_TO_PASS``, ...), else, per session, from the evaluator's report (``metadata.evaluation``: ``swebench_harness``
-reports ``instance_id`` and ``repo``, also for a task that named its instance by id only). The grade is that report's
+reports ``instance_id``, ``repo``, ``base_commit``, ``version`` and each graded test, also for a task that named its
+instance by id only; its ``problem_statement`` is then null). The grade is that report's
 (``resolved``, ``patch_applied``, ``reason``, each FAIL_TO_PASS / PASS_TO_PASS test's status): present when the report
 says ``resolved`` (true or false), else null.
 """
@@ -61,6 +62,10 @@ def session_fields(fields: Mapping[str, Any], evaluation: Any) -> dict[str, Any]
     for name in TEXT_FIELDS[1:]:
         if columns[name] is None:
             columns[name] = _text(report.get(name))
+    graded = _mapping(report.get("tests"))
+    for name in TEST_LISTS:
+        if columns[name] is None and isinstance(graded.get(name), Mapping):
+            columns[name] = [str(t) for t in graded[name]]
     resolved = report.get("resolved")
     if not isinstance(resolved, bool):
         return {**columns, "resolved": None, "grade": None}

@@ -225,6 +225,7 @@ class SwebenchHarnessEvaluator(Evaluator):
         instance = await _instance(config)
         plan = eval_plan(instance)
         details: dict[str, Any] = {"instance_id": instance.instance_id, "repo": instance.repo,
+                                   "base_commit": instance.base_commit, "version": instance.version,
                                    "script_source": plan.source, "patch_applied": False, "resolved": False}  # fmt: skip
         patch, about = await take_patch(context.runtime, instance, config, _limit(None, context))
         details.update(about)

@@ -285,3 +285,21 @@ def test_load_dataset_reads_every_config_offline(released: dict[str, Any], tmp_p
     assert {"instance_id", "repo", "problem_statement", "base_commit", "version", "FAIL_TO_PASS", "PASS_TO_PASS",
             "resolved", "grade", "metadata", "messages"} <= set(out["columns"])  # fmt: skip
     assert out["pair"] == ["user", "assistant"] and out["grade"] == "string"
+
+
+def test_an_instance_named_by_id_only_takes_its_columns_from_the_report() -> None:
+    """The paper's payload names its instance by id: the graded report gives repo, base_commit, version and the
+    test lists (the problem statement stays null: the report does not carry it)."""
+    from polar_cli.export.instance import instance_fields, session_fields
+
+    task = TaskRequest.model_validate({
+        "task_id": "t", "instruction": "fix it", "agent": {"harness": "shell", "model_name": "m"},
+        "runtime": {"backend": "local"},
+        "evaluator": {"strategy": "swebench_harness", "config": {"instance": {"instance_id": "o__r-1"}}},
+    })  # fmt: skip
+    report = {"instance_id": "o__r-1", "repo": "o/r", "base_commit": "abc", "version": "1.0", "resolved": True,
+              "patch_applied": True, "tests": {"FAIL_TO_PASS": {"t::a": "PASSED"}, "PASS_TO_PASS": {}}}  # fmt: skip
+    columns = session_fields(instance_fields(task), report)
+    assert (columns["repo"], columns["base_commit"], columns["version"]) == ("o/r", "abc", "1.0")
+    assert (columns["FAIL_TO_PASS"], columns["PASS_TO_PASS"], columns["problem_statement"]) == (["t::a"], [], None)
+    assert columns["resolved"] is True and columns["grade"]["fail_to_pass_passed"] == 1
