@@ -88,6 +88,18 @@ def _swebench_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     reset_registry()
 
 
+@pytest.fixture
+def pi_edit_script() -> list[dict[str, Any]]:
+    """The scripted model: one call of pi's own ``edit`` tool on a path relative to where pi starts, then an answer."""
+    edit = {"path": "calc/__init__.py",
+            "edits": [{"oldText": "def add(a, b):\n    return a - b", "newText": "def add(a, b):\n    return a + b"}]}
+    call = {"id": "call_edit_1", "type": "function", "function": {"name": "edit", "arguments": json.dumps(edit)}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": "add now adds: calc/__init__.py is fixed."},
+    ]  # fmt: skip
+
+
 def git(repo: Path, *args: str, stdin: str | None = None) -> str:
     env = {**os.environ, **GIT_ENV}
     done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, env=env)
@@ -178,8 +190,12 @@ def _arcname(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)).lstrip("/")
 
 
+PYTEST_LAUNCHER = b'#!/bin/sh\nexec python3 -m pytest "$@"\n'  # pytest's console script, as pip would install it
+
+
 def _python_layer() -> bytes:
-    """Debian's python3 and patch(1), their libraries, and the host's pure-Python pytest, as a tar of /."""
+    """Debian's python3 and patch(1), their libraries, and the host's pure-Python pytest (with its ``pytest`` command,
+    which SWE-Gym's and SWE-bench's eval scripts call), as a tar of /."""
     files = {f for package in DEBIAN_PACKAGES for f in _dpkg_files(package) if os.path.isfile(f) or os.path.islink(f)}
     elves = [f for f in files if os.path.isfile(f) and not os.path.islink(f) and (f.endswith(".so") or "/bin/" in f)]
     libraries = _libraries(elves)
@@ -199,6 +215,9 @@ def _python_layer() -> bytes:
             for path in [source, *infos] if names else [source]:
                 tar.add(path, arcname=f"usr/lib/python3/dist-packages/{path.name}",
                         filter=lambda info: None if "__pycache__" in info.name else info)  # fmt: skip
+        launcher = tarfile.TarInfo("usr/local/bin/pytest")
+        launcher.size, launcher.mode = len(PYTEST_LAUNCHER), 0o755
+        tar.addfile(launcher, io.BytesIO(PYTEST_LAUNCHER))
     return buffer.getvalue()
 
 
