@@ -113,7 +113,9 @@ def _from_swebench(instance: SweInstance) -> EvalPlan | None:
         )  # fmt: skip
         script = spec.eval_script
     except Exception as exc:  # the tables lack this version, a field is malformed, ...
-        raise EvaluationError(f"instance {instance.instance_id}: swebench cannot build its eval script: {exc!r}") from exc
+        raise EvaluationError(
+            f"instance {instance.instance_id}: swebench cannot build its eval script: {exc!r}"
+        ) from exc
     function = by_repo[instance.repo]
     return EvalPlan(script=script, parse=lambda log: dict(function(log, spec)), source="swebench")
 
@@ -122,8 +124,8 @@ def _from_swegym_facts(instance: SweInstance) -> EvalPlan | None:
     """SWE-Gym's repos: the script SWE-Gym's harness writes, from the facts Polar carries."""
     if not swegym.knows(instance.repo):
         return None
-    return EvalPlan(script=swegym.eval_script(instance), parse=named_parser(swegym.parser_name(instance.repo), instance),
-                    source="swegym")  # fmt: skip
+    parse = named_parser(swegym.parser_name(instance.repo), instance)
+    return EvalPlan(script=swegym.eval_script(instance), parse=parse, source="swegym")
 
 
 def eval_plan(instance: SweInstance) -> EvalPlan:

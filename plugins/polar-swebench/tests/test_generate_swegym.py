@@ -50,8 +50,9 @@ def test_polar_generate_swegym_runs_offline_to_an_exported_dataset(
                "metadata": {"script": pi_edit_script}}  # fmt: skip
     (tmp_path / "swegym.yaml").write_text(yaml.safe_dump(options))
 
-    generated = polar(["generate", "--dataset", "swegym", "-O", "path=rows.jsonl", "--dataset-config", "swegym.yaml",
-                       "--harness", "pi", "--backend", "scripted", "--out", "rollouts", "--no-install"], tmp_path)  # fmt: skip
+    command = ["generate", "--dataset", "swegym", "-O", "path=rows.jsonl", "--dataset-config", "swegym.yaml",
+               "--harness", "pi", "--backend", "scripted", "--out", "rollouts", "--no-install"]  # fmt: skip
+    generated = polar(command, tmp_path)
     assert generated.returncode == 0, generated.stdout + generated.stderr
     with open_ledger(tmp_path / "rollouts", must_exist=True) as ledger:
         ((row_summary, data),) = list(ledger.results())

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from polar_swebench import scripts
 from polar_swebench.grading import END_MARKER, START_MARKER, grade, output_section
 from polar_swebench.instance import SweInstance
-from polar_swebench import scripts
 from polar_swebench.scripts import eval_plan, instance_parser
 
 from polar_cli.errors import EvaluationError
@@ -135,7 +135,7 @@ def test_without_swebench_a_non_pytest_parser_names_what_to_install(monkeypatch:
 
 
 def test_an_instance_without_a_script_names_what_to_install() -> None:
-    with pytest.raises(EvaluationError, match=r"carries no eval_script, its repo is none of SWE-Gym's.*swebench>=4.1,<5"):
+    with pytest.raises(EvaluationError, match=r"no eval_script, its repo is none of SWE-Gym's.*swebench>=4.1,<5"):
         eval_plan(SweInstance(instance_id="someone__unknown-1", repo="someone/unknown", version="1.0"))
 
 

@@ -231,19 +231,19 @@ CASES = [
     Case("the test patch did not apply", "pytest", ("test_fixed",), (), log_suffix=">>>>> Patch Apply Failed\n"),
     Case("resolved, unittest runner", "unittest", ("test_fixed",), ("test_still_passes",), polar=True, swebench=True),
     Case("FAIL_TO_PASS fails, unittest runner", "unittest", ("test_broken",), ("test_still_passes",)),
-    Case("PASS_TO_PASS skipped is no regression", "unittest", ("test_fixed",), ("test_skipped",), polar=True,
-         swebench=True),  # fmt: skip
+    Case("PASS_TO_PASS skipped is no regression", "unittest", ("test_fixed",), ("test_skipped",),
+         polar=True, swebench=True),
     # STRICTER on purpose: a skipped FAIL_TO_PASS test is not a fix (4.1 counts it as neither passing nor failing, so
     # an instance whose other FAIL_TO_PASS tests pass, or whose every one is skipped, is resolved there; 5.x agrees
     # with Polar)
     Case("STRICTER: a FAIL_TO_PASS test skipped", "unittest", ("test_fixed", "test_skipped"), (), swebench=True),
     Case("STRICTER: every FAIL_TO_PASS test skipped", "unittest", ("test_skipped",), ("test_still_passes",),
-         swebench=True),  # fmt: skip
+         swebench=True),
     # STRICTER on purpose: a FAIL_TO_PASS test missing from the log is not a fix (4.1's fail-only rule, for its
     # Multimodal JS repos, counts only a FAILED test as failing)
     Case("STRICTER: a FAIL_TO_PASS test missing, fail-only rule", "pytest", ("test_fixed", "test_not_in_the_log"),
-         (), swebench=True, fail_only=True),  # fmt: skip
-]
+         (), swebench=True, fail_only=True),
+]  # fmt: skip
 
 
 def _swebench_grade(log: Path, runner: Runner, f2p: list[str], p2p: list[str], fail_only: bool) -> tuple[bool, Any]:
@@ -267,7 +267,8 @@ def _swebench_grade(log: Path, runner: Runner, f2p: list[str], p2p: list[str], f
         report = get_eval_tests_report(statuses, gold, eval_type=EvalType.FAIL_ONLY)
         return found and get_resolution_status(report) == ResolvedStatus.FULL.value, statuses
     prediction = {"instance_id": spec.instance_id, "model_name_or_path": "polar", "model_patch": "diff"}
-    return get_eval_report(spec, prediction, str(log), include_tests_status=False)[spec.instance_id]["resolved"], statuses
+    report_map = get_eval_report(spec, prediction, str(log), include_tests_status=False)
+    return report_map[spec.instance_id]["resolved"], statuses
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
