@@ -93,7 +93,7 @@ def _from_swebench(instance: SweInstance) -> EvalPlan | None:
     """
     constants = _optional("swebench.harness.constants")
     specs = getattr(constants, "MAP_REPO_VERSION_TO_SPECS", None)
-    if not specs or instance.repo not in specs:
+    if constants is None or not specs or instance.repo not in specs:
         return None
     scripts = _optional("swebench.harness.test_spec.create_scripts")
     test_spec = _optional("swebench.harness.test_spec.test_spec")
