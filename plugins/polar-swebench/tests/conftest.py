@@ -79,6 +79,49 @@ git checkout {base} -- tests/test_calc.py
 """
 
 
+PYTEST_SAMPLE = '''
+import pytest
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture setup fails")
+
+
+def test_passes():
+    assert True
+
+
+def test_fails():
+    assert 1 == 2
+
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+
+
+@pytest.mark.xfail(reason="known bug", strict=True)
+def test_xfails():
+    assert False
+
+
+def test_errors(broken):
+    pass
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_param(n):
+    assert n
+'''
+
+
+@pytest.fixture(scope="session")
+def sample_tests() -> str:
+    """A test module whose tests pass, fail, error, skip, xfail and are parametrized (run by pytest for real)."""
+    return PYTEST_SAMPLE
+
+
 @pytest.fixture(autouse=True)
 def _swebench_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This package's components are registered (and no other installed plugin)."""

@@ -15,49 +15,14 @@ from polar_swebench.scripts import eval_plan, instance_parser
 
 from polar_cli.errors import EvaluationError
 
-TESTS = '''
-import pytest
-
-
-@pytest.fixture
-def broken():
-    raise RuntimeError("fixture setup fails")
-
-
-def test_passes():
-    assert True
-
-
-def test_fails():
-    assert 1 == 2
-
-
-@pytest.mark.skip(reason="not today")
-def test_skipped():
-    pass
-
-
-@pytest.mark.xfail(reason="known bug", strict=True)
-def test_xfails():
-    assert False
-
-
-def test_errors(broken):
-    pass
-
-
-@pytest.mark.parametrize("n", [1, 2])
-def test_param(n):
-    assert n
-'''
 T = "test_sample.py::"
 
 
 @pytest.fixture(scope="module")
-def pytest_log(tmp_path_factory: pytest.TempPathFactory) -> str:
+def pytest_log(tmp_path_factory: pytest.TempPathFactory, sample_tests: str) -> str:
     """What ``pytest -rA`` printed for the sample tests, wrapped in the harness's start/end markers."""
     project = tmp_path_factory.mktemp("sample")
-    (project / "test_sample.py").write_text(TESTS)
+    (project / "test_sample.py").write_text(sample_tests)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     done = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "test_sample.py"],
                           cwd=project, capture_output=True, text=True, env=env, timeout=120)  # fmt: skip

@@ -101,40 +101,6 @@ def _families(constants: ModuleType) -> dict[str, set[str]]:
 
 # --- grading real logs -------------------------------------------------------------------------------------------
 
-PYTEST_TESTS = """
-import pytest
-
-
-@pytest.fixture
-def broken():
-    raise RuntimeError("fixture setup fails")
-
-
-def test_fixed():
-    assert True
-
-
-def test_still_passes():
-    assert True
-
-
-def test_broken():
-    assert 1 == 2
-
-
-def test_errors(broken):
-    pass
-
-
-@pytest.mark.skip(reason="skipped by the patch")
-def test_skipped():
-    pass
-
-
-@pytest.mark.xfail(reason="known bug", strict=True)
-def test_xfails():
-    assert False
-"""
 UNITTEST_TESTS = """
 import unittest
 
@@ -170,36 +136,41 @@ class Runner:
     repo: str
     version: str
     parser: str
-    source: str
+    source: str | None  # None: conftest's pytest sample
     command: str
     test: str  # a test's name in the log, from its function name
+    names: dict[str, str]  # the cases' names of tests -> function names
+
+    def name(self, test: str) -> str:
+        return self.test.format(self.names.get(test, test))
 
 
 RUNNERS = {
-    "pytest": Runner("pytest-dev/pytest", "7.2", "parse_log_pytest", PYTEST_TESTS,
+    "pytest": Runner("pytest-dev/pytest", "7.2", "parse_log_pytest", None,
                      f"{sys.executable} -m pytest -rA -p no:cacheprovider tests/test_sample.py",
-                     "tests/test_sample.py::{}"),
+                     "tests/test_sample.py::{}", {"test_fixed": "test_passes", "test_still_passes": "test_param[1]",
+                                                  "test_broken": "test_fails"}),
     # Django's runner prints unittest's verbose lines; swebench reads them with parse_log_django
     "unittest": Runner("django/django", "3.0", "parse_log_django", UNITTEST_TESTS,
-                       f"{sys.executable} -m unittest -v tests.test_sample", "{0} (tests.test_sample.Sample.{0})"),
+                       f"{sys.executable} -m unittest -v tests.test_sample", "{0} (tests.test_sample.Sample.{0})", {}),
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def real_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def real_logs(tmp_path_factory: pytest.TempPathFactory, sample_tests: str) -> dict[str, str]:
     """The logs of real runs: each eval script run by bash on a sample project, stderr merged into stdout."""
     logs = {}
     for name, runner in RUNNERS.items():
         root = tmp_path_factory.mktemp(name)
         (root / "tests").mkdir()
         (root / "tests" / "__init__.py").write_text("")
-        (root / "tests" / "test_sample.py").write_text(runner.source)
+        (root / "tests" / "test_sample.py").write_text(runner.source or sample_tests)
         script = root / "eval.sh"
         script.write_text(EVAL_SCRIPT.format(start=START_MARKER, end=END_MARKER, command=runner.command))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         done = subprocess.run(["bash", "-c", 'exec bash "$1" "$2" 2>&1', "eval", str(script), str(root)],
                               capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
-        assert f"+ : '{START_MARKER}'" in done.stdout and "test_broken" in done.stdout, done.stdout
+        assert f"+ : '{START_MARKER}'" in done.stdout and runner.name("test_broken") in done.stdout, done.stdout
         logs[name] = done.stdout
     return logs
 
@@ -277,8 +248,8 @@ def test_polar_grades_real_logs_like_swebench_except_where_stricter(
 ) -> None:
     swebench_or_fail()
     runner = RUNNERS[case.runner]
-    f2p = [runner.test.format(t) for t in case.fail_to_pass]
-    p2p = [runner.test.format(t) for t in case.pass_to_pass]
+    f2p = [runner.name(t) for t in case.fail_to_pass]
+    p2p = [runner.name(t) for t in case.pass_to_pass]
     text = real_logs[case.runner] + case.log_suffix
     log = tmp_path / "test_output.txt"
     log.write_text(text)
