@@ -61,6 +61,19 @@ def test_the_test_command_is_swegym_s() -> None:
         i for i in by_id.values() if i.repo == "conan-io/conan")).script  # fmt: skip
 
 
+def test_moto_7365_matches_an_independent_copy_of_swegym_s_scripts() -> None:
+    """NVIDIA-NeMo/Gym's resources_servers/swerl_gen/README.md carries SWE-Gym's setup and test scripts of
+    getmoto__moto-7365 (the setup: conda, ``make init``, the test-file reset, the test patch; the test: the command)."""
+    (row,) = [row for row in ROWS if row["instance_id"] == "getmoto__moto-7365"]
+    script = eval_plan(SweInstance.model_validate(row)).script
+    base = "7f6c9cb1deafb280fe7fcc7551c38e397f11a706"
+    test_file = "tests/test_dynamodb/test_dynamodb_update_expressions.py"
+    setup_tail = f"conda activate testbed\nmake init\ngit checkout {base} {test_file}\n"
+    setup_tail += "git apply -v - <<'EOF_114329324912'\n"
+    assert setup_tail + row["test_patch"] + "\nEOF_114329324912\n" in script
+    assert f"\npytest -n0 -rA {test_file}\n" in script
+
+
 def test_log_parsers_are_swegym_s_choice() -> None:
     assert swegym.parser_name("pydantic/pydantic") == "parse_log_pytest_v2"
     assert {swegym.parser_name(repo) for repo in SWEGYM_REPOS - {"pydantic/pydantic"}} == {"parse_log_pytest"}
