@@ -72,6 +72,9 @@ class SweDatasetConfig(StrictModel):
     builder: str = "prefix_merging"
     runtime_config: dict[str, Any] = Field(default_factory=dict, description="RuntimeSpec.config")
     agent_config: dict[str, Any] = Field(default_factory=dict, description="AgentSpec.config")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="added to every task's metadata (e.g. the scripted backend's script)"
+    )
 
 
 def _read_file(path: Path) -> Iterator[dict[str, Any]]:
@@ -196,6 +199,7 @@ def task_for(instance: SweInstance, config: SweDatasetConfig) -> TaskRequest:
         "config": config.runtime_config,
     }
     metadata = {
+        **config.metadata,
         "instance_id": instance.instance_id,
         "repo": instance.repo,
         "base_commit": instance.base_commit,

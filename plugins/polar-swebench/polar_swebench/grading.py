@@ -1,9 +1,11 @@
 """Polar's SWE grading rule, applied to the test statuses parsed from an eval log.
 
-Resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes (an empty list passes). A test
-passes when its status is PASSED or XFAIL; a FAILED, ERROR, SKIPPED or missing test does not, so a skipped
-FAIL_TO_PASS test is a failure (SWE-Gym's fork counts it as neither and may call such an instance resolved). A run
-that errored or timed out is never resolved, whatever the log says.
+Resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes (an empty list passes). A
+FAIL_TO_PASS test passes when its status is PASSED or XFAIL; a FAILED, ERROR, SKIPPED or missing one does not (as in
+``swebench`` 5.x; 4.1 and SWE-Gym's fork count a skipped one as neither and may call such an instance resolved, and
+4.1 counts a missing one as passing for its fail-only repos). A PASS_TO_PASS test still passes when PASSED, XFAIL or
+SKIPPED (a skipped test is no regression, as in both ``swebench`` versions); a FAILED, ERROR or missing one does not. A
+run that errored or timed out is never resolved, whatever the log says.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PASSING = frozenset({"PASSED", "XFAIL"})
+MAINTAINED = PASSING | {"SKIPPED"}  # a PASS_TO_PASS test that is skipped is no regression
 MISSING = "MISSING"
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
@@ -63,8 +66,8 @@ class GradeReport:
     pass_to_pass: dict[str, str] = field(default_factory=dict)
 
     def as_details(self) -> dict[str, Any]:
-        def failing(tests: dict[str, str]) -> list[str]:
-            return [t for t, s in tests.items() if s not in PASSING]
+        def failing(tests: dict[str, str], ok: frozenset[str]) -> list[str]:
+            return [t for t, s in tests.items() if s not in ok]
 
         return {
             "resolved": self.resolved,
@@ -73,8 +76,8 @@ class GradeReport:
                 "FAIL_TO_PASS": dict(list(self.fail_to_pass.items())[:LIST_LIMIT]),
                 "PASS_TO_PASS": dict(list(self.pass_to_pass.items())[:LIST_LIMIT]),
             },
-            "fail_to_pass_failing": failing(self.fail_to_pass)[:LIST_LIMIT],
-            "pass_to_pass_failing": failing(self.pass_to_pass)[:LIST_LIMIT],
+            "fail_to_pass_failing": failing(self.fail_to_pass, PASSING)[:LIST_LIMIT],
+            "pass_to_pass_failing": failing(self.pass_to_pass, MAINTAINED)[:LIST_LIMIT],
         }
 
 
@@ -94,7 +97,7 @@ def grade(
         reason = "no test results found in the eval log"
     if reason is None:
         bad_f2p = [t for t, s in f2p.items() if s not in PASSING]
-        bad_p2p = [t for t, s in p2p.items() if s not in PASSING]
+        bad_p2p = [t for t, s in p2p.items() if s not in MAINTAINED]
         if bad_f2p:
             first = bad_f2p[0]
             reason = f"{len(bad_f2p)} of {len(f2p)} FAIL_TO_PASS tests do not pass (e.g. {first}: {f2p[first]})"

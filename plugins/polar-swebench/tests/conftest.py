@@ -79,6 +79,49 @@ git checkout {base} -- tests/test_calc.py
 """
 
 
+PYTEST_SAMPLE = '''
+import pytest
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture setup fails")
+
+
+def test_passes():
+    assert True
+
+
+def test_fails():
+    assert 1 == 2
+
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+
+
+@pytest.mark.xfail(reason="known bug", strict=True)
+def test_xfails():
+    assert False
+
+
+def test_errors(broken):
+    pass
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_param(n):
+    assert n
+'''
+
+
+@pytest.fixture(scope="session")
+def sample_tests() -> str:
+    """A test module whose tests pass, fail, error, skip, xfail and are parametrized (run by pytest for real)."""
+    return PYTEST_SAMPLE
+
+
 @pytest.fixture(autouse=True)
 def _swebench_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This package's components are registered (and no other installed plugin)."""
@@ -86,6 +129,18 @@ def _swebench_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     reset_registry()
     yield
     reset_registry()
+
+
+@pytest.fixture
+def pi_edit_script() -> list[dict[str, Any]]:
+    """The scripted model: one call of pi's own ``edit`` tool on a path relative to where pi starts, then an answer."""
+    edit = {"path": "calc/__init__.py",
+            "edits": [{"oldText": "def add(a, b):\n    return a - b", "newText": "def add(a, b):\n    return a + b"}]}
+    call = {"id": "call_edit_1", "type": "function", "function": {"name": "edit", "arguments": json.dumps(edit)}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": "add now adds: calc/__init__.py is fixed."},
+    ]  # fmt: skip
 
 
 def git(repo: Path, *args: str, stdin: str | None = None) -> str:
@@ -178,8 +233,12 @@ def _arcname(path: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)).lstrip("/")
 
 
+PYTEST_LAUNCHER = b'#!/bin/sh\nexec python3 -m pytest "$@"\n'  # pytest's console script, as pip would install it
+
+
 def _python_layer() -> bytes:
-    """Debian's python3 and patch(1), their libraries, and the host's pure-Python pytest, as a tar of /."""
+    """Debian's python3 and patch(1), their libraries, and the host's pure-Python pytest (with its ``pytest`` command,
+    which SWE-Gym's and SWE-bench's eval scripts call), as a tar of /."""
     files = {f for package in DEBIAN_PACKAGES for f in _dpkg_files(package) if os.path.isfile(f) or os.path.islink(f)}
     elves = [f for f in files if os.path.isfile(f) and not os.path.islink(f) and (f.endswith(".so") or "/bin/" in f)]
     libraries = _libraries(elves)
@@ -199,6 +258,9 @@ def _python_layer() -> bytes:
             for path in [source, *infos] if names else [source]:
                 tar.add(path, arcname=f"usr/lib/python3/dist-packages/{path.name}",
                         filter=lambda info: None if "__pycache__" in info.name else info)  # fmt: skip
+        launcher = tarfile.TarInfo("usr/local/bin/pytest")
+        launcher.size, launcher.mode = len(PYTEST_LAUNCHER), 0o755
+        tar.addfile(launcher, io.BytesIO(PYTEST_LAUNCHER))
     return buffer.getvalue()
 
 

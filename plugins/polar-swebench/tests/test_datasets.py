@@ -114,18 +114,15 @@ def _flat(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_the_tasks_evaluator_config_checks_but_needs_a_script_source(tmp_path: Path) -> None:
-    """Without an eval_script in the row and without swebench/swegym installed, the task is refused up front."""
+def test_the_tasks_evaluator_config_checks_and_a_repo_nobody_knows_is_refused(tmp_path: Path) -> None:
+    """SWE-Gym rows without an eval_script get SWE-Gym's script from Polar's own facts (no swegym package); a row of a
+    repo no table knows is refused up front."""
     path = tmp_path / "swe-gym.jsonl"
-    path.write_text(json.dumps(SWEGYM_ROWS[0]) + "\n")
-    (task,) = tasks("swegym", path=str(path))
-    try:
-        import swegym  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
-        with pytest.raises(ConfigError, match=r"no eval_script.*SWE-Gym's package"):
-            get_evaluator("swebench_harness").check_config(task.evaluator.config)
-    else:
-        get_evaluator("swebench_harness").check_config(task.evaluator.config)
+    path.write_text(json.dumps(SWEGYM_ROWS[0]) + "\n" + json.dumps({**SWEGYM_ROWS[0], "repo": "someone/unknown"}))
+    known, unknown = tasks("swegym", path=str(path))
+    get_evaluator("swebench_harness").check_config(known.evaluator.config)
+    with pytest.raises(ConfigError, match=r"no eval_script.*none of SWE-Gym's"):
+        get_evaluator("swebench_harness").check_config(unknown.evaluator.config)
 
 
 def test_config_errors_name_the_field(tmp_path: Path) -> None:

@@ -142,20 +142,9 @@ def test_an_eval_script_that_times_out_is_not_resolved(
     assert result.details["reason"] == "the eval script timed out"
 
 
-def pi_edit_script() -> list[dict[str, Any]]:
-    """The scripted model: one call of pi's own ``edit`` tool on a path relative to where pi starts, then an answer."""
-    edit = {"path": "calc/__init__.py",
-            "edits": [{"oldText": "def add(a, b):\n    return a - b", "newText": "def add(a, b):\n    return a + b"}]}
-    call = {"id": "call_edit_1", "type": "function", "function": {"name": "edit", "arguments": json.dumps(edit)}}
-    return [
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "assistant", "content": "add now adds: calc/__init__.py is fixed."},
-    ]  # fmt: skip
-
-
 def test_a_pi_session_run_with_polar_run_is_graded_resolved_in_a_fresh_container(
     swe_image: str, swe_fixture: Any, tmp_path: Path, need_cli: Callable[[str], None],
-    resolved_by_polar_run: Callable[[dict[str, Any], Path], Any],
+    resolved_by_polar_run: Callable[[dict[str, Any], Path], Any], pi_edit_script: list[dict[str, Any]],
 ) -> None:
     """The real pi CLI (scripted backend) edits the repository it starts in (/testbed); `polar run` grades it."""
     need_cli("pi")
@@ -164,6 +153,6 @@ def test_a_pi_session_run_with_polar_run_is_graded_resolved_in_a_fresh_container
     options = {"harness": "pi", "model_name": "polar-test", "image_template": swe_image, "timeout_seconds": 300}
     (task,) = get_dataset("swegym").tasks(path=str(rows), eval_timeout_seconds=120, **options)
     data = task.model_dump(mode="json", exclude_none=True)
-    data["metadata"]["script"] = pi_edit_script()
+    data["metadata"]["script"] = pi_edit_script
     result = resolved_by_polar_run(data, tmp_path)
     assert left_behind(result.session_id) == []
