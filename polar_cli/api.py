@@ -67,6 +67,15 @@ from polar_cli.errors import (
 from polar_cli.evaluators.outcomes import parse_junit_xml, parse_pytest_output
 from polar_cli.extras import missing as missing_dependency
 from polar_cli.extras import require
+from polar_cli.harnesses.mcp import (
+    McpOptions,
+    McpServer,
+    Skill,
+    SkillsOptions,
+    skill_files,
+    startup_timeout_ms,
+    stdio_server,
+)
 from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json, prompt_flag
 from polar_cli.harnesses.run import tail
 from polar_cli.harnesses.toml import dumps as dump_toml
@@ -155,6 +164,8 @@ __all__ = [
     "HarnessRun",
     "HubError",
     "InferenceBackend",
+    "McpOptions",
+    "McpServer",
     "MissingDependencyError",
     "Mount",
     "NoOptions",
@@ -177,6 +188,8 @@ __all__ = [
     "RuntimeHandle",
     "RuntimeProcess",
     "RuntimeSpec",
+    "Skill",
+    "SkillsOptions",
     "Stream",
     "StrictModel",
     "TaskRequest",
@@ -196,6 +209,9 @@ __all__ = [
     "parse_pytest_output",
     "prompt_flag",
     "require",
+    "skill_files",
+    "startup_timeout_ms",
+    "stdio_server",
     "system_prompt",
     "tail",
     "validate_model",
