@@ -38,8 +38,11 @@ def context(config: dict[str, Any]) -> HarnessContext:
         instruction="hi",
         model="served-model",
         api_key="sk-session",
-        base_urls={"openai": "http://127.0.0.1:9/s/a/v1", "anthropic": "http://127.0.0.1:9/s/a",
-                   "google": "http://127.0.0.1:9/s/a"},  # fmt: skip
+        base_urls={
+            "openai": "http://127.0.0.1:9/s/a/v1",
+            "anthropic": "http://127.0.0.1:9/s/a",
+            "google": "http://127.0.0.1:9/s/a",
+        },
         home="/polar/home",
         workdir="/polar/session",
         tools="/polar/tools",
@@ -73,8 +76,9 @@ def check_skill(files: dict[str, str], folder: str) -> None:
 
 def test_claude_code_writes_an_mcp_config_file_and_waits_for_its_servers() -> None:
     launch, files = files_of("claude_code")
-    assert json.loads(files[".claude/mcp.json"]) == {"mcpServers": {"polar": {"type": "stdio", **STDIO,
-                                                                             "env": STDIO["env"]}}}  # fmt: skip
+    assert json.loads(files[".claude/mcp.json"]) == {
+        "mcpServers": {"polar": {"type": "stdio", **STDIO, "env": STDIO["env"]}}
+    }
     at = launch.argv.index("--mcp-config")
     assert launch.argv[at + 1 : at + 3] == ["/polar/home/.claude/mcp.json", "--strict-mcp-config"]
     assert launch.env["MCP_CONNECT_TIMEOUT_MS"] == "30000" and launch.env["MCP_CONNECTION_NONBLOCKING"] == "0"
@@ -102,8 +106,15 @@ def test_gemini_and_qwen_write_mcp_servers_into_settings(name: str, folder: str)
 def test_opencode_writes_a_local_mcp_entry() -> None:
     _, files = files_of("opencode")
     config = json.loads(files[".config/opencode/opencode.json"])
-    assert config["mcp"] == {"polar": {"type": "local", "command": ["python3", "/srv/echo.py", "--flag"],
-                                       "environment": STDIO["env"], "enabled": True, "timeout": 30000}}  # fmt: skip
+    assert config["mcp"] == {
+        "polar": {
+            "type": "local",
+            "command": ["python3", "/srv/echo.py", "--flag"],
+            "environment": STDIO["env"],
+            "enabled": True,
+            "timeout": 30000,
+        }
+    }
     check_skill(files, ".config/opencode/skills")
 
 
@@ -199,22 +210,44 @@ def test_the_scripted_model_calls_a_tiny_mcp_servers_tool_through_the_real_cli(t
     model."""
     need_cli(name)
     log, marker = tmp_path / "mcp.log", f"polar-mcp-{name}"
-    call = {"id": "call_polar_mcp_1", "type": "function",
-            "function": {"name": TOOL_NAMES[name], "arguments": json.dumps({"text": marker})}}  # fmt: skip
+    call = {
+        "id": "call_polar_mcp_1",
+        "type": "function",
+        "function": {"name": TOOL_NAMES[name], "arguments": json.dumps({"text": marker})},
+    }
     task = {
         "task_id": f"mcp-{name}",
         "instruction": "Call the polar_echo tool, then say that you are done.",
         "timeout_seconds": 300,
         "runtime": {"backend": "local"},
-        "agent": {"harness": name, "model_name": "polar-test", "config": {
-            "mcp_servers": {"polar": {"command": sys.executable, "args": [SERVER], "env": {"POLAR_MCP_LOG": str(log)},
-                                      "startup_timeout_seconds": 120}},
-            "skills": {"polar-greeting": {"description": "PolarSkillMarker: greet the Polar way",
-                                          "instructions": "Say POLAR."}}}},  # fmt: skip
+        "agent": {
+            "harness": name,
+            "model_name": "polar-test",
+            "config": {
+                "mcp_servers": {
+                    "polar": {
+                        "command": sys.executable,
+                        "args": [SERVER],
+                        "env": {"POLAR_MCP_LOG": str(log)},
+                        "startup_timeout_seconds": 120,
+                    }
+                },
+                "skills": {
+                    "polar-greeting": {
+                        "description": "PolarSkillMarker: greet the Polar way",
+                        "instructions": "Say POLAR.",
+                    }
+                },
+            },
+        },
         "builder": {"strategy": "prefix_merging"},
         "evaluator": {"strategy": "session_completion"},
-        "metadata": {SCRIPT_KEY: [{"role": "assistant", "content": None, "tool_calls": [call]},
-                                  {"role": "assistant", "content": "The echo is done."}]},  # fmt: skip
+        "metadata": {
+            SCRIPT_KEY: [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "assistant", "content": "The echo is done."},
+            ]
+        },
     }
     task_file = tmp_path / "task.json"
     task_file.write_text(json.dumps(task), encoding="utf-8")
