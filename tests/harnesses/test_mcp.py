@@ -191,6 +191,8 @@ TOOL_NAMES = {
     "claude_code": "mcp__polar__polar_echo",
     "gemini_cli": "mcp_polar_polar_echo",
     "opencode": "polar_polar_echo",
+    "qwen_code": "mcp__polar__polar_echo",
+    "codex": "polar_echo",  # the function polar_echo of the Responses namespace tool mcp__polar
 }
 
 
