@@ -18,8 +18,10 @@ Harnesses (``register_harnesses(register: RegisterHarness)``)
     ``HarnessContext`` in, ``HarnessLaunch`` out, ``HarnessRun`` to judge; helpers ``deep_merge`` (user settings over
     the adapter's), ``dump_json`` / ``dump_toml`` (config files), ``prompt_flag`` (the instruction as one argv element,
     or stdin when too long), ``json_lines`` (a CLI's JSON events). ``side_prompts`` or ``chain_role`` name the calls
-    the harness makes for itself (``RoleVerdict``, ``system_prompt``; docs/builders.md, "Chain roles").
-    ``HarnessError``.
+    the harness makes for itself (``RoleVerdict``, ``system_prompt``; docs/builders.md, "Chain roles"). MCP servers
+    and skills (docs/harnesses.md): options ``McpOptions`` (``mcp_servers`` of ``McpServer``, ``skills`` of ``Skill``)
+    or ``SkillsOptions`` (skills only); helpers ``stdio_server`` (the ``{command, args, env}`` entry),
+    ``startup_timeout_ms``, ``skill_files`` (a skills folder's files). ``HarnessError``.
 
 Runtimes (``register_runtimes(register: RegisterRuntime)``)
     ``Runtime`` (implement ``start``; ``check_spec`` for the spec beyond its config; ``cleanup``), returning a
