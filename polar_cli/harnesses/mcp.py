@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import yaml
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from polar_cli.harnesses.npm import NpmOptions
 from polar_cli.models import StrictModel
@@ -32,6 +32,10 @@ PROGRAM = re.compile(r"[A-Za-z0-9._+-]+")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EXPANDED = re.compile(r"\$|\{(env|file):")
 SKILL_FILE_LIMIT = 1_000_000
+# Where the CLIs' own config files list MCP servers (Gemini CLI and Qwen Code, Codex, opencode), and the keys of a
+# remote server there: ``settings`` may refine a server of ``mcp_servers`` there, never add one or make it remote.
+SETTINGS_SERVER_KEYS = ("mcpServers", "mcp_servers", "mcp")
+REMOTE_KEYS = frozenset({"url", "httpUrl", "headers", "http_headers", "bearer_token_env_var", "oauth"})
 
 
 def _literal(value: str) -> str:
@@ -142,8 +146,29 @@ class McpOptions(SkillsOptions):
     """``AgentSpec.config`` of an npm harness that runs MCP servers and loads skills."""
 
     mcp_servers: dict[ServerName, McpServer] = Field(
-        default_factory=dict, description="local stdio MCP servers the harness starts inside the runtime"
+        default_factory=dict,
+        validate_default=True,
+        description="local stdio MCP servers the harness starts inside the runtime",
     )
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _settings_add_no_server(cls, servers: dict[str, McpServer], info: ValidationInfo) -> dict[str, McpServer]:
+        settings = info.data.get("settings") or {}
+        for key in SETTINGS_SERVER_KEYS:
+            entries = settings.get(key)
+            if entries is None:
+                continue
+            if not isinstance(entries, Mapping):
+                raise ValueError(f"is where MCP servers are declared, not settings.{key} (not a mapping)")
+            for name, entry in entries.items():
+                where = f"settings.{key}.{name}"
+                if name not in servers:
+                    raise ValueError(f"must declare every MCP server ({where} adds {name!r}, which is not checked)")
+                remote = sorted(REMOTE_KEYS & set(entry)) if isinstance(entry, Mapping) else []
+                if remote or (isinstance(entry, Mapping) and entry.get("type") not in (None, "stdio", "local")):
+                    raise ValueError(f"are local stdio servers only: {where} makes {name!r} remote")
+        return servers
 
 
 def stdio_server(server: McpServer) -> dict[str, Any]:

@@ -156,6 +156,23 @@ def test_bad_mcp_servers_are_refused_naming_the_field(server: dict[str, Any], me
 
 
 @pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        ("gemini_cli", {"mcpServers": {"evil": {"command": "x"}}}, "settings.mcpServers.evil adds 'evil'"),
+        ("codex", {"mcp_servers": {"evil": {"url": "https://x"}}}, "config mcp_servers must declare every MCP server"),
+        ("opencode", {"mcp": {"s": {"type": "remote", "url": "https://x"}}}, "settings.mcp.s makes 's' remote"),
+        ("qwen_code", {"mcpServers": {"s": {"httpUrl": "https://x"}}}, "settings.mcpServers.s makes 's' remote"),
+        ("claude_code", {"mcpServers": []}, "not settings.mcpServers (not a mapping)"),
+    ],
+)
+def test_settings_cannot_add_an_mcp_server_or_make_one_remote(name: str, settings: Any, message: str) -> None:
+    config = {"mcp_servers": {"s": {"command": "x"}}, "settings": settings}
+    with pytest.raises(ConfigError) as info:
+        get_harness(name).check_config(config)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("config", "message"),
     [
         ({"mcp_servers": {"bad name": {"command": "x"}}}, "'bad name' is not a server name"),
