@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from polar_cli.errors import ConfigError
-from polar_cli.harnesses.testing import check_run, in_ci, missing_cli_reason, polar_run_file
+from polar_cli.harnesses.testing import check_run, polar_run_file
 from polar_cli.interfaces.harness import HarnessContext
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
+from tests.harnesses.test_polar_run import need_cli
 
 SERVER = str(Path(__file__).with_name("mcp_echo_server.py"))
 MCP_HARNESSES = ["claude_code", "codex", "gemini_cli", "qwen_code", "opencode"]
@@ -211,14 +212,6 @@ TOOL_NAMES = {
     "qwen_code": "mcp__polar__polar_echo",
     "codex": "polar_echo",  # the function polar_echo of the Responses namespace tool mcp__polar
 }
-
-
-def need_cli(name: str) -> None:
-    reason = missing_cli_reason(get_harness(name))
-    if reason:
-        if in_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 @pytest.mark.harness
