@@ -18,8 +18,10 @@ Harnesses (``register_harnesses(register: RegisterHarness)``)
     ``HarnessContext`` in, ``HarnessLaunch`` out, ``HarnessRun`` to judge; helpers ``deep_merge`` (user settings over
     the adapter's), ``dump_json`` / ``dump_toml`` (config files), ``prompt_flag`` (the instruction as one argv element,
     or stdin when too long), ``json_lines`` (a CLI's JSON events). ``side_prompts`` or ``chain_role`` name the calls
-    the harness makes for itself (``RoleVerdict``, ``system_prompt``; docs/builders.md, "Chain roles").
-    ``HarnessError``.
+    the harness makes for itself (``RoleVerdict``, ``system_prompt``; docs/builders.md, "Chain roles"). MCP servers
+    and skills (docs/harnesses.md): options ``McpOptions`` (``mcp_servers`` of ``McpServer``, ``skills`` of ``Skill``)
+    or ``SkillsOptions`` (skills only); helpers ``stdio_server`` (the ``{command, args, env}`` entry),
+    ``startup_timeout_ms``, ``skill_files`` (a skills folder's files). ``HarnessError``.
 
 Runtimes (``register_runtimes(register: RegisterRuntime)``)
     ``Runtime`` (implement ``start``; ``check_spec`` for the spec beyond its config; ``cleanup``), returning a
@@ -67,6 +69,15 @@ from polar_cli.errors import (
 from polar_cli.evaluators.outcomes import parse_junit_xml, parse_pytest_output
 from polar_cli.extras import missing as missing_dependency
 from polar_cli.extras import require
+from polar_cli.harnesses.mcp import (
+    McpOptions,
+    McpServer,
+    Skill,
+    SkillsOptions,
+    skill_files,
+    startup_timeout_ms,
+    stdio_server,
+)
 from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json, prompt_flag
 from polar_cli.harnesses.run import tail
 from polar_cli.harnesses.toml import dumps as dump_toml
@@ -155,6 +166,8 @@ __all__ = [
     "HarnessRun",
     "HubError",
     "InferenceBackend",
+    "McpOptions",
+    "McpServer",
     "MissingDependencyError",
     "Mount",
     "NoOptions",
@@ -177,6 +190,8 @@ __all__ = [
     "RuntimeHandle",
     "RuntimeProcess",
     "RuntimeSpec",
+    "Skill",
+    "SkillsOptions",
     "Stream",
     "StrictModel",
     "TaskRequest",
@@ -196,6 +211,9 @@ __all__ = [
     "parse_pytest_output",
     "prompt_flag",
     "require",
+    "skill_files",
+    "startup_timeout_ms",
+    "stdio_server",
     "system_prompt",
     "tail",
     "validate_model",

@@ -9,7 +9,8 @@ its events; an ``error`` event is a failure even when it exits 0.
 
 Known: at start it tries a background ``npm install @opencode-ai/plugin`` into its config dir; offline that fails
 with a logged warning only. Config: ``settings`` (merged into opencode.json), ``model_limits``
-(``{"context": N, "output": N}``).
+(``{"context": N, "output": N}``), ``mcp_servers`` (its ``mcp``, ``type: local``), ``skills``
+(``.config/opencode/skills``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json
+from polar_cli.harnesses.mcp import McpOptions, skill_files
+from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
 OFF_SWITCHES = (
@@ -31,7 +33,7 @@ OFF_SWITCHES = (
 )
 
 
-class OpencodeOptions(NpmOptions):
+class OpencodeOptions(McpOptions):
     """``AgentSpec.config`` of ``opencode``."""
 
     model_limits: dict[str, Any] | None = Field(default=None, description="the model's limits, e.g. {context: 32768}")
@@ -78,6 +80,17 @@ class OpencodeHarness(NpmHarness):
                 "doom_loop": "allow",
             },
         }
+        if options.mcp_servers:
+            config["mcp"] = {
+                name: {
+                    "type": "local",
+                    "command": [s.command, *s.args],
+                    "environment": dict(s.env),
+                    "enabled": True,
+                    "timeout": round(s.startup_timeout_seconds * 1000),
+                }
+                for name, s in options.mcp_servers.items()
+            }
         config = deep_merge(config, options.settings)
         home = context.home
         env = {
@@ -91,7 +104,10 @@ class OpencodeHarness(NpmHarness):
         return HarnessLaunch(
             argv=argv,
             env=env,
-            files={".config/opencode/opencode.json": dump_json(config)},
+            files={
+                ".config/opencode/opencode.json": dump_json(config),
+                **skill_files(options.skills, ".config/opencode/skills"),
+            },
             stdin=context.instruction.encode(),
         )
 

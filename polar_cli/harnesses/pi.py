@@ -6,7 +6,8 @@ EOF), so a leading ``-`` or ``@`` in it is never taken for an option or a file i
 event stream, which is how an empty turn that exits 0 (pi's answer to a response it could not parse) is caught.
 
 Config: ``api`` (``openai-completions`` default, ``openai-responses``, ``anthropic-messages``), ``settings`` (merged
-into the provider entry of models.json, e.g. ``{"compat": {...}}``).
+into the provider entry of models.json, e.g. ``{"compat": {...}}``), ``skills`` (``.pi/agent/skills``). pi has no
+MCP client (by design), so ``mcp_servers`` is not a pi option.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json
+from polar_cli.harnesses.mcp import SkillsOptions, skill_files
+from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
 PiApi = Literal["openai-completions", "openai-responses", "anthropic-messages"]
@@ -27,7 +29,7 @@ APIS: dict[PiApi, str] = {
 }
 
 
-class PiOptions(NpmOptions):
+class PiOptions(SkillsOptions):
     """``AgentSpec.config`` of ``pi``."""
 
     api: PiApi = Field(default="openai-completions", description="the provider API pi speaks to the session")
@@ -61,7 +63,10 @@ class PiHarness(NpmHarness):
                 "PI_SKIP_VERSION_CHECK": "1",
                 "PI_TELEMETRY": "0",
             },
-            files={".pi/agent/models.json": dump_json({"providers": {"polar": provider}})},
+            files={
+                ".pi/agent/models.json": dump_json({"providers": {"polar": provider}}),
+                **skill_files(options.skills, ".pi/agent/skills"),
+            },
             stdin=context.instruction.encode(),
         )
 

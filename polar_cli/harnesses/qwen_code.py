@@ -5,13 +5,17 @@ telemetry to an aliyun host), telemetry and the update check; ``QWEN_DISABLE_AUT
 call. Its background memory agent still runs after a turn that needed no tool (a forked chat with its own system prompt,
 which ``side_prompts`` knows, with its other side calls). The instruction is one ``--prompt=<text>`` argument (stdin
 when longer than 100 kB): joined with ``=`` so a leading ``-`` is never read as an option. ``--yolo`` bypasses
-approvals. Config: ``settings`` (merged into settings.json).
+approvals. Config: ``settings`` (merged into settings.json), ``mcp_servers`` (its ``mcpServers``), ``skills``
+(``.qwen/skills``).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
+from polar_cli.harnesses.mcp import McpOptions, skill_files, stdio_server
 from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json, prompt_flag
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch
 
@@ -33,14 +37,18 @@ class QwenCodeHarness(NpmHarness):
         "You generate session recaps": "a session recap call",
         "Write a short summary label describing what these tool calls accomplished": "a tool-use summary call",
     }
+    options: ClassVar[type[BaseModel]] = McpOptions
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
+        options: McpOptions = self.parse_config(context.config)
         settings: dict[str, Any] = {
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
             "general": {"enableAutoUpdate": False},
         }
-        settings = deep_merge(settings, self.settings(context))
+        if options.mcp_servers:
+            settings["mcpServers"] = {name: stdio_server(s) for name, s in options.mcp_servers.items()}
+        settings = deep_merge(settings, options.settings)
         model = context.model
         prompt, stdin = prompt_flag("--prompt", context.instruction)
         return HarnessLaunch(
@@ -54,5 +62,5 @@ class QwenCodeHarness(NpmHarness):
                 "QWEN_DISABLE_AUTO_TITLE": "1",
             },
             stdin=stdin,
-            files={".qwen/settings.json": dump_json(settings)},
+            files={".qwen/settings.json": dump_json(settings), **skill_files(options.skills, ".qwen/skills")},
         )

@@ -9,22 +9,30 @@ title) are ``side_prompts``; its Agent tool's sub-agents are not. ``claude -p`` 
 EOF); ``--output-format json`` prints one result object whose ``is_error`` catches failures that exit 0.
 
 Its package's install script copies the native binary into place, so it runs at install time (npm >= 11 needs that
-allowed explicitly). Config: ``settings`` (written as ``<home>/.claude/settings.json``).
+allowed explicitly). Config: ``settings`` (written as ``<home>/.claude/settings.json``), ``mcp_servers`` (written as
+``<home>/.claude/mcp.json``, passed with ``--mcp-config`` and ``--strict-mcp-config``, so a repository's own
+``.mcp.json`` starts nothing), ``skills`` (``<home>/.claude/skills``).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from polar_cli.api import (
     HarnessContext,
     HarnessLaunch,
     HarnessRun,
+    McpOptions,
     NpmHarness,
     RegisterHarness,
     dump_json,
     hookimpl,
     json_lines,
+    skill_files,
+    startup_timeout_ms,
+    stdio_server,
 )
 
 MODEL_VARIABLES = (
@@ -62,9 +70,11 @@ class ClaudeCodeHarness(NpmHarness):
         "You are evaluating a stop-condition hook in Claude Code": "a prompt hook's evaluator call",
         "You are evaluating a hook condition in Claude Code": "a prompt hook's evaluator call",
     }
+    options: ClassVar[type[BaseModel]] = McpOptions
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
-        settings = dict(self.settings(context))
+        options: McpOptions = self.parse_config(context.config)
+        settings = dict(options.settings)
         env = {
             "CLAUDE_CONFIG_DIR": f"{context.home}/.claude",
             "ANTHROPIC_BASE_URL": context.base_url("anthropic"),
@@ -75,6 +85,14 @@ class ClaudeCodeHarness(NpmHarness):
         }
         argv = ["-p", "--dangerously-skip-permissions", "--model", context.model, "--output-format", "json"]
         files = {".claude/settings.json": dump_json(settings)} if settings else {}
+        files.update(skill_files(options.skills, ".claude/skills"))
+        if options.mcp_servers:
+            servers = {name: {"type": "stdio", **stdio_server(s)} for name, s in options.mcp_servers.items()}
+            files[".claude/mcp.json"] = dump_json({"mcpServers": servers})
+            argv += ["--mcp-config", f"{context.home}/.claude/mcp.json", "--strict-mcp-config"]
+            # wait for the servers before the first call (else it proceeds after 5 s without their tools)
+            timeout = str(startup_timeout_ms(options.mcp_servers))
+            env.update(MCP_CONNECTION_NONBLOCKING="0", MCP_CONNECT_TIMEOUT_MS=timeout, MCP_TIMEOUT=timeout)
         return HarnessLaunch(argv=argv, env=env, files=files, stdin=context.instruction.encode())
 
     def check_run(self, run: HarnessRun) -> str | None:
