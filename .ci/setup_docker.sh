@@ -47,8 +47,9 @@ fi
 # 2. a running daemon
 if ! docker info >/dev/null 2>&1; then
     say "starting dockerd (log: $LOG)"
+    # setsid: its own session and process group, so the daemon outlives the caller's (a killed test job, a CI step)
     # shellcheck disable=SC2086 # POLAR_DOCKERD_FLAGS is a list of flags
-    $SUDO sh -c "nohup dockerd --bridge=none --iptables=false --ip6tables=false ${POLAR_DOCKERD_FLAGS:-} >>'$LOG' 2>&1 &"
+    $SUDO sh -c "setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false ${POLAR_DOCKERD_FLAGS:-} >>'$LOG' 2>&1 &"
     for _ in $(seq 1 60); do
         if docker info >/dev/null 2>&1; then break; fi
         sleep 0.5
