@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
+from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.opencode import OpencodeHarness
 from polar_cli.harnesses.pi import PiHarness
 from polar_cli.harnesses.qwen_code import QwenCodeHarness
@@ -20,3 +21,4 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(QwenCodeHarness())
     register(GeminiCliHarness())
     register(OpencodeHarness())
+    register(KilocodeHarness())
