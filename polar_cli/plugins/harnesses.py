@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from polar_cli.harnesses.cline import ClineHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
 from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.opencode import OpencodeHarness
@@ -22,3 +23,4 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(GeminiCliHarness())
     register(OpencodeHarness())
     register(KilocodeHarness())
+    register(ClineHarness())
