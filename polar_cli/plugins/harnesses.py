@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from polar_cli.harnesses.cline import ClineHarness
+from polar_cli.harnesses.continue_cli import ContinueCliHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
 from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.opencode import OpencodeHarness
@@ -24,3 +25,4 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(OpencodeHarness())
     register(KilocodeHarness())
     register(ClineHarness())
+    register(ContinueCliHarness())
