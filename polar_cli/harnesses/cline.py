@@ -56,9 +56,12 @@ class ClineHarness(NpmHarness):
         settings: dict[str, Any] = {"telemetryOptOut": True, "autoUpdateEnabled": False}
         settings = deep_merge(settings, self.settings(context))
         argv = ["--auto-approve", "true", "-c", context.workdir]
-        stdin: bytes | None = context.instruction.encode()
-        if len(stdin) <= ARG_LIMIT and len(context.instruction.split()) > 1:
-            argv, stdin = ["--json", *argv, "--", context.instruction], None
+        instruction = context.instruction
+        stdin: bytes | None = None
+        if len(instruction.encode()) <= ARG_LIMIT and len(instruction.split()) > 1:
+            argv = ["--json", *argv, "--", instruction]
+        else:
+            stdin = instruction.encode()
         return HarnessLaunch(
             argv=argv,
             env={

@@ -4,9 +4,9 @@
 file, ``.continue/polar.yaml`` (written as JSON, which is YAML): one model with provider ``openai``, ``apiBase`` the
 session's gateway, the served model and its key, for every role, so no Continue account or hub is asked.
 ``CONTINUE_CLI_ENABLE_TELEMETRY=0`` and ``CONTINUE_METRICS_ENABLED=0`` switch telemetry off; a ``-p`` run makes no
-update check. ``-p --auto`` runs headless with every tool allowed, ``--format=json`` prints the answer as a JSON object with its ``status`` (joined with ``=``:
-a separate ``json`` after ``-p`` reads as a prompt argument and stdin is then ignored). The
-instruction goes in on stdin (read when stdin is not a terminal and no prompt argument is given).
+update check. ``-p --auto`` runs headless with every tool allowed; ``--format=json`` prints the answer as a JSON object
+with its ``status`` (joined with ``=``: a separate ``json`` after ``-p`` reads as a prompt argument, and stdin is then
+ignored). The instruction goes in on stdin (read when stdin is not a terminal and no prompt argument is given).
 
 Config: ``settings`` (merged into polar.yaml, e.g. ``{"models": [...]}`` replaces the model list).
 """
