@@ -1,4 +1,4 @@
-"""The shared base of harnesses that ship as npm packages (codex, claude_code, pi, qwen_code, gemini_cli, opencode).
+"""The shared base of harnesses that ship as npm packages (codex, claude_code, pi, qwen_code, opencode, cline, ...).
 
 A subclass names its package, pinned version and binary; the base installs it into its Polar-managed prefix
 (:mod:`polar_cli.harnesses.install`), mounts that prefix as the runtime's tools dir and resolves the binary there.

@@ -15,6 +15,7 @@ with a logged warning only. Config: ``settings`` (merged into opencode.json), ``
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -23,13 +24,14 @@ from polar_cli.harnesses.mcp import McpOptions, skill_files
 from polar_cli.harnesses.npm import NpmHarness, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
+# After the CLI's own prefix (``OPENCODE_``; kilocode's fork reads ``KILO_``)
 OFF_SWITCHES = (
-    "OPENCODE_DISABLE_AUTOUPDATE",
-    "OPENCODE_DISABLE_MODELS_FETCH",
-    "OPENCODE_DISABLE_LSP_DOWNLOAD",
-    "OPENCODE_DISABLE_SHARE",
-    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
-    "OPENCODE_DISABLE_CLAUDE_CODE",
+    "DISABLE_AUTOUPDATE",
+    "DISABLE_MODELS_FETCH",
+    "DISABLE_LSP_DOWNLOAD",
+    "DISABLE_SHARE",
+    "DISABLE_DEFAULT_PLUGINS",
+    "DISABLE_CLAUDE_CODE",
 )
 
 
@@ -51,6 +53,12 @@ class OpencodeHarness(NpmHarness):
     shell_tool: ClassVar[tuple[str, str]] = ("bash", "command")
     shell_tool_extra: ClassVar[dict[str, Any]] = {"description": "polar doctor"}
     options: ClassVar[type[BaseModel]] = OpencodeOptions
+    config_file: ClassVar[str] = ".config/opencode/opencode.json"
+    """Where the config goes, relative to the session home (``XDG_CONFIG_HOME`` is ``<home>/.config``)."""
+    config_schema: ClassVar[str] = "https://opencode.ai/config.json"
+    env_prefix: ClassVar[str] = "OPENCODE_"
+    extra_env: ClassVar[dict[str, str]] = {}
+    """Further variables of a fork (its own off switches)."""
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         options: OpencodeOptions = self.parse_config(context.config)
@@ -58,7 +66,7 @@ class OpencodeHarness(NpmHarness):
         if options.model_limits:
             model_entry["limit"] = dict(options.model_limits)
         config: dict[str, Any] = {
-            "$schema": "https://opencode.ai/config.json",
+            "$schema": self.config_schema,
             "provider": {
                 "polar": {
                     "npm": "@ai-sdk/openai-compatible",
@@ -98,15 +106,16 @@ class OpencodeHarness(NpmHarness):
             "XDG_DATA_HOME": f"{home}/.local/share",
             "XDG_CACHE_HOME": f"{home}/.cache",
             "XDG_STATE_HOME": f"{home}/.local/state",
-            **dict.fromkeys(OFF_SWITCHES, "1"),
+            **{self.env_prefix + switch: "1" for switch in OFF_SWITCHES},
+            **self.extra_env,
         }
         argv = ["run", "--pure", "--auto", "--title", "polar", "--format", "json", "--model", f"polar/{context.model}"]
         return HarnessLaunch(
             argv=argv,
             env=env,
             files={
-                ".config/opencode/opencode.json": dump_json(config),
-                **skill_files(options.skills, ".config/opencode/skills"),
+                self.config_file: dump_json(config),
+                **skill_files(options.skills, posixpath.join(posixpath.dirname(self.config_file), "skills")),
             },
             stdin=context.instruction.encode(),
         )
@@ -120,7 +129,7 @@ class OpencodeHarness(NpmHarness):
         if errors:
             error = errors[-1].get("error")
             detail = error.get("data", {}).get("message") or error.get("name") if isinstance(error, dict) else error
-            return f"opencode reported an error: {detail}"
+            return f"{self.name} reported an error: {detail}"
         if not any(event.get("type") == "step_finish" for event in events):
-            return "opencode finished no step (no step_finish event)"
+            return f"{self.name} finished no step (no step_finish event)"
         return None

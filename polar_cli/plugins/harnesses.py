@@ -1,11 +1,15 @@
-"""Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``.
+"""Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``kilocode``, ``cline``,
+``continue_cli``.
 
 ``codex`` and ``claude_code`` are separate plugin packages (plugins/polar-codex, plugins/polar-claude-code).
 """
 
 from __future__ import annotations
 
+from polar_cli.harnesses.cline import ClineHarness
+from polar_cli.harnesses.continue_cli import ContinueCliHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
+from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.opencode import OpencodeHarness
 from polar_cli.harnesses.pi import PiHarness
 from polar_cli.harnesses.qwen_code import QwenCodeHarness
@@ -20,3 +24,6 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(QwenCodeHarness())
     register(GeminiCliHarness())
     register(OpencodeHarness())
+    register(KilocodeHarness())
+    register(ClineHarness())
+    register(ContinueCliHarness())

@@ -14,7 +14,7 @@ from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessRun
 from polar_cli.registry import get_harness, get_registry
 
 NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`; touch pwned3 \\\nsecond line @file"
-BUILTIN = ["gemini_cli", "opencode", "pi", "qwen_code", "shell"]
+BUILTIN = ["cline", "continue_cli", "gemini_cli", "kilocode", "opencode", "pi", "qwen_code", "shell"]
 
 
 def context(**overrides: Any) -> HarnessContext:
@@ -50,7 +50,9 @@ def test_launch_shape(name: str) -> None:
         assert not relative.startswith("/") and ".." not in relative.split("/")
     # the instruction is never part of a shell string: at most one whole argv element of its own, or stdin/file/env
     carriers = [a for a in launch.argv if NASTY in a]
-    if carriers:
+    if carriers == [NASTY]:  # a positional prompt: the last argument, after "--" ends the options
+        assert launch.argv[-2:] == ["--", NASTY], launch.argv
+    elif carriers:
         assert carriers == [f"--prompt={NASTY}"], carriers
     else:
         delivered = launch.stdin == NASTY.encode() or NASTY in launch.files.values()
@@ -73,7 +75,7 @@ def test_model_key_and_base_url_are_pinned(name: str) -> None:
     everything = json.dumps([launch.argv, launch.env, launch.files])
     assert "sk-session-secret" in everything
     assert "http://127.0.0.1:9/s/abc" in everything
-    if name != "shell":
+    if name not in ("shell", "cline", "continue_cli"):  # those two pin the model only in their config file
         assert any(arg in ("served-model", "polar/served-model") for arg in launch.argv)
 
 

@@ -25,6 +25,9 @@ SHELL_TOOLS = {
     "qwen_code": ("run_shell_command", "command"),
     "gemini_cli": ("run_shell_command", "command"),
     "opencode": ("bash", "command"),
+    "cline": ("run_commands", "commands"),
+    "kilocode": ("bash", "command"),
+    "continue_cli": ("Bash", "command"),
 }
 
 
