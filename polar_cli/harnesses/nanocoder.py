@@ -4,7 +4,8 @@
 session's base URL and key, the served model) and, being explicit, stops it from reading an ``agents.config.json``
 in the working directory; ``NANOCODER_DATA_DIR`` keeps its sessions and logs in the home too. ``run`` is its
 non-interactive mode: ``--plain`` (no Ink UI), ``--mode yolo`` (every tool runs without asking),
-``--trust-directory`` (no first-run trust prompt), ``--json`` (one JSON report on stdout, whose ``kind`` must be ``success``).
+``--trust-directory`` (no first-run trust prompt), ``--json`` (one JSON report on stdout, whose ``kind`` must be
+``success``).
 Every option goes before ``run``; the instruction is the one argument after it (nanocoder joins the arguments after
 ``run`` into the prompt, skipping its own flags: an instruction that is exactly one of them, e.g. ``--json``,
 would be dropped). It needs Node 22 or newer: Node 24 is installed beside it (``node_version``) and runs

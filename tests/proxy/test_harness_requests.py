@@ -4,7 +4,8 @@
 What each CLI needs was measured (shared/HARNESSES.md): codex reads items only from ``response.output_item.done``
 and needs ``response.completed`` with an id; Claude Code needs named ``event:`` lines, ``message_start`` first and
 ``content_block_stop`` after a tool call; the chat CLIs (pi, qwen, opencode, openclaw, nanocoder) need
-``finish_reason`` in the stream (grok_cli does not stream: it reads ``choices[0].message``); Gemini CLI needs SSE ``data:`` chunks with ``functionCall`` parts and a ``finishReason``.
+``finish_reason`` in the stream (grok_cli does not stream: it reads ``choices[0].message``); Gemini CLI needs SSE
+``data:`` chunks with ``functionCall`` parts and a ``finishReason``.
 """
 
 from __future__ import annotations
