@@ -1,4 +1,5 @@
-"""Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``openclaw``, ``grok_cli``, ``nanocoder``.
+"""Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``openclaw``, ``grok_cli``,
+``nanocoder``.
 
 ``codex`` and ``claude_code`` are separate plugin packages (plugins/polar-codex, plugins/polar-claude-code).
 """
