@@ -252,3 +252,22 @@ def test_opencode_error_event_is_a_failure() -> None:
     error = {"type": "error", "error": {"name": "APIError", "data": {"message": "Bad Request: nope"}}}
     assert "Bad Request: nope" in (opencode.check_run(run_result(events(error))) or "")
     assert "no step_finish" in (opencode.check_run(run_result(events({"type": "step_start"}))) or "")
+
+
+def test_a_cli_needing_a_newer_node_gets_it_installed_beside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from polar_cli.harnesses.install import MARKER
+
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path))
+    harness = get_harness("openclaw")
+    assert isinstance(harness, NpmHarness)
+    assert harness.npm.specs() == ["openclaw@2026.9.6", f"{NODE_PACKAGE}@{harness.node_version}"]
+    prefix = harness.npm.prefix
+    (prefix / "bin").mkdir(parents=True)
+    for name in ("openclaw", "node"):
+        (prefix / "bin" / name).write_text("")
+    (prefix / MARKER).write_text("{}")
+    assert not harness.is_installed()  # the CLI is there, its own Node is not
+    node = prefix / "lib" / "node_modules" / NODE_PACKAGE / "bin" / "node"
+    node.parent.mkdir(parents=True)
+    node.write_text("")
+    assert harness.is_installed()
