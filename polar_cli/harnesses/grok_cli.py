@@ -18,8 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from polar_cli.errors import HarnessError
-from polar_cli.harnesses.npm import ARG_LIMIT, NpmHarness, NpmOptions, deep_merge, dump_json
+from polar_cli.harnesses.npm import NpmHarness, NpmOptions, argv_instruction, deep_merge, dump_json
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun, json_lines
 
 ERROR_PREFIX = "Sorry, I encountered an error:"
@@ -43,11 +42,6 @@ class GrokCliHarness(NpmHarness):
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
         options: GrokCliOptions = self.parse_config(context.config)
-        if len(context.instruction.encode()) > ARG_LIMIT:
-            raise HarnessError(
-                f"grok_cli takes the instruction only as one --prompt argument, at most {ARG_LIMIT} bytes "
-                f"(this one has {len(context.instruction.encode())})"
-            )
         base_url = context.base_url("openai")
         settings: dict[str, Any] = {
             "apiKey": context.api_key,
@@ -57,7 +51,7 @@ class GrokCliHarness(NpmHarness):
             "settingsVersion": 2,
         }
         settings = deep_merge(settings, options.settings)
-        argv = [f"--prompt={context.instruction}", "--model", context.model,
+        argv = [f"--prompt={argv_instruction(self.name, context.instruction)}", "--model", context.model,
                 "--max-tool-rounds", str(options.max_tool_rounds)]  # fmt: skip
         return HarnessLaunch(
             argv=argv,

@@ -14,11 +14,9 @@ would be dropped). It needs Node 22 or newer: Node 24 is installed beside it (``
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
-from polar_cli.errors import HarnessError
-from polar_cli.harnesses.npm import ARG_LIMIT, NpmHarness, deep_merge, dump_json
+from polar_cli.harnesses.npm import NpmHarness, argv_instruction, deep_merge, dump_json, json_object
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun
 
 
@@ -34,11 +32,6 @@ class NanocoderHarness(NpmHarness):
     shell_tool: ClassVar[tuple[str, str]] = ("execute_bash", "command")
 
     def build(self, context: HarnessContext) -> HarnessLaunch:
-        if len(context.instruction.encode()) > ARG_LIMIT:
-            raise HarnessError(
-                f"nanocoder takes the instruction only as one argument after run, at most {ARG_LIMIT} bytes "
-                f"(this one has {len(context.instruction.encode())})"
-            )
         provider: dict[str, Any] = {
             "name": "polar",
             "baseUrl": context.base_url("openai"),
@@ -48,7 +41,7 @@ class NanocoderHarness(NpmHarness):
         provider = deep_merge(provider, self.settings(context))
         home = context.home
         argv = ["--provider", "polar", "--model", context.model, "--mode", "yolo", "--trust-directory", "--plain",
-                "--json", "run", context.instruction]  # fmt: skip
+                "--json", "run", argv_instruction(self.name, context.instruction)]  # fmt: skip
         return HarnessLaunch(
             argv=argv,
             env={
@@ -63,11 +56,8 @@ class NanocoderHarness(NpmHarness):
         failure = super().check_run(run)
         if failure:
             return failure
-        try:
-            report = json.loads(run.stdout)
-        except ValueError:
-            report = None
-        if not isinstance(report, dict):
+        report = json_object(run.stdout)
+        if report is None:
             return "nanocoder printed no JSON report"
         if report.get("kind") != "success":
             return f"nanocoder's run ended {report.get('kind')}: {report.get('error') or report.get('finalText')}"

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from polar_cli.errors import HarnessError
 from polar_cli.harnesses import install as installer
 from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch
 from polar_cli.models import StrictModel
@@ -45,6 +46,24 @@ def prompt_flag(flag: str, instruction: str) -> tuple[list[str], bytes | None]:
     if len(instruction.encode()) <= ARG_LIMIT:
         return [f"{flag}={instruction}"], None
     return [], instruction.encode()
+
+
+def argv_instruction(harness: str, instruction: str) -> str:
+    """``instruction`` as one argv element, for a CLI that reads no stdin; HarnessError when argv cannot hold it."""
+    size = len(instruction.encode())
+    if size > ARG_LIMIT:
+        raise HarnessError(f"{harness} takes the instruction only on its command line, at most {ARG_LIMIT} bytes "
+                           f"(this one has {size})")  # fmt: skip
+    return instruction
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as one JSON object (a CLI's result report), else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,11 @@ its install prefix, so that prefix must be writable on that run. Config: ``setti
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json
+from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json, json_object
 from polar_cli.interfaces.harness import HarnessContext, HarnessLaunch, HarnessRun
 
 
@@ -88,12 +87,11 @@ class OpenclawHarness(NpmHarness):
         failure = super().check_run(run)
         if failure:
             return failure
-        try:
-            envelope = json.loads(run.stdout)
-        except ValueError:
+        envelope = json_object(run.stdout)
+        if envelope is None:
             return "openclaw printed no JSON result envelope"
-        if not isinstance(envelope, dict) or envelope.get("status") != "ok":
-            error = envelope.get("error") if isinstance(envelope, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else envelope
+        if envelope.get("status") != "ok":
+            error = envelope.get("error")
+            detail = error.get("message") if isinstance(error, dict) else envelope.get("status")
             return f"openclaw's run did not end ok: {detail}"
         return None
