@@ -11,8 +11,8 @@ envelope (``status`` ``ok`` or ``error``), which ``check_run`` reads.
 
 OpenClaw needs Node 24.16 or newer (``node:sqlite``; its preinstall script refuses an older npm's Node, so it is
 installed with ``--ignore-scripts``): Node 24 is installed beside it (``node_version``) and runs ``openclaw.mjs``.
-Without its postinstall, its first run restores a bundled native package (``@openclaw/fs-safe-<platform>``) inside
-its install prefix, so that prefix must be writable on that run. Config: ``settings`` (merged into openclaw.json),
+Without its postinstall, each start tries to add an optional native package (``@openclaw/fs-safe-<platform>``) with
+npm inside its install prefix; under Polar that fails and it goes on without it. Config: ``settings`` (merged into openclaw.json),
 ``model_limits`` (``{"contextWindow": N, "maxTokens": N}`` for the model entry), ``timeout`` (its deadline, seconds).
 """
 
