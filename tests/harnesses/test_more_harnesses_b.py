@@ -1,7 +1,8 @@
-"""openclaw and grok_cli with their real CLIs: ``polar doctor`` passes every step, and ``polar run`` (scripted
-backend) completes a multi-turn task whose trajectory passes ``verify``, its streamed calls passed through.
+"""openclaw, grok_cli and nanocoder with their real CLIs: ``polar doctor`` passes every step, and ``polar run``
+(scripted backend) completes a multi-turn task whose trajectory passes ``verify``, its streamed calls passed through.
 
-openclaw streams every call; grok_cli's headless mode (``--prompt``) makes plain calls only, so it has none to check.
+openclaw and nanocoder stream every call; grok_cli's headless mode (``--prompt``) makes plain calls only, so it has
+none to check.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from polar_cli.harnesses.doctor import DoctorReport
 from polar_cli.harnesses.testing import check_run, check_streamed, describe, in_ci, missing_cli_reason, polar_run
 from polar_cli.registry import get_harness
 
-HARNESSES = ["openclaw", "grok_cli"]
+HARNESSES = ["openclaw", "grok_cli", "nanocoder"]
 
 pytestmark = pytest.mark.harness
 
