@@ -1,5 +1,5 @@
 """Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``kilocode``, ``cline``,
-``continue_cli``.
+``continue_cli``, ``openclaw``, ``grok_cli``, ``nanocoder``.
 
 ``codex`` and ``claude_code`` are separate plugin packages (plugins/polar-codex, plugins/polar-claude-code).
 """
@@ -9,7 +9,10 @@ from __future__ import annotations
 from polar_cli.harnesses.cline import ClineHarness
 from polar_cli.harnesses.continue_cli import ContinueCliHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
+from polar_cli.harnesses.grok_cli import GrokCliHarness
 from polar_cli.harnesses.kilocode import KilocodeHarness
+from polar_cli.harnesses.nanocoder import NanocoderHarness
+from polar_cli.harnesses.openclaw import OpenclawHarness
 from polar_cli.harnesses.opencode import OpencodeHarness
 from polar_cli.harnesses.pi import PiHarness
 from polar_cli.harnesses.qwen_code import QwenCodeHarness
@@ -27,3 +30,6 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(KilocodeHarness())
     register(ClineHarness())
     register(ContinueCliHarness())
+    register(OpenclawHarness())
+    register(GrokCliHarness())
+    register(NanocoderHarness())

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from polar_cli.errors import ConfigError, HarnessError
-from polar_cli.harnesses.npm import ARG_LIMIT, NpmHarness
+from polar_cli.harnesses.npm import ARG_LIMIT, NODE_PACKAGE, NpmHarness
 from polar_cli.harnesses.shell import ShellHarness
 from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessRun
 from polar_cli.registry import get_harness, get_registry
 
 NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`; touch pwned3 \\\nsecond line @file"
-BUILTIN = ["cline", "continue_cli", "gemini_cli", "kilocode", "opencode", "pi", "qwen_code", "shell"]
+BUILTIN = ["cline", "continue_cli", "gemini_cli", "grok_cli", "kilocode", "nanocoder", "openclaw", "opencode", "pi",
+           "qwen_code", "shell"]
 
 
 def context(**overrides: Any) -> HarnessContext:
@@ -50,16 +51,23 @@ def test_launch_shape(name: str) -> None:
         assert not relative.startswith("/") and ".." not in relative.split("/")
     # the instruction is never part of a shell string: at most one whole argv element of its own, or stdin/file/env
     carriers = [a for a in launch.argv if NASTY in a]
-    if carriers == [NASTY]:  # a positional prompt: the last argument, after "--" ends the options
-        assert launch.argv[-2:] == ["--", NASTY], launch.argv
+    if carriers == [NASTY]:  # a positional prompt: the last argument, after "--" (cline) or `run` (nanocoder)
+        assert launch.argv[-2] in ("--", "run") and launch.argv[-1] == NASTY, launch.argv
     elif carriers:
         assert carriers == [f"--prompt={NASTY}"], carriers
     else:
         delivered = launch.stdin == NASTY.encode() or NASTY in launch.files.values()
         assert delivered
     assert launch.cwd == ctx.workdir
-    if isinstance(harness, NpmHarness):
+    if isinstance(harness, NpmHarness) and harness.node_version:  # its own Node runs its entry script
+        modules = "/polar/tools/lib/node_modules"
+        assert launch.argv[:2] == [
+            f"{modules}/{NODE_PACKAGE}/bin/node",
+            f"{modules}/{harness.npm_package}/{harness.entry}",
+        ]
+    elif isinstance(harness, NpmHarness):
         assert launch.argv[0] == f"/polar/tools/bin/{harness.binary}"
+    if isinstance(harness, NpmHarness):
         assert launch.env["HOME"] == "/polar/home"
         assert harness.version and harness.npm_package
         # every value pointing at a place is inside the session home or the gateway
@@ -130,6 +138,48 @@ def test_opencode_config() -> None:
     assert config["provider"]["polar"]["models"]["served-model"]["limit"] == {"context": 8192, "output": 1024}
     assert launch.env["XDG_CONFIG_HOME"] == "/polar/home/.config"
     assert launch.env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
+
+
+def test_openclaw_config_pins_its_provider_and_model() -> None:
+    launch = get_harness("openclaw").launch(context(config={"model_limits": {"contextWindow": 8192}}))
+    config = json.loads(launch.files[".openclaw/openclaw.json"])
+    assert config["models"]["mode"] == "replace"
+    provider = config["models"]["providers"]["polar"]
+    assert provider["baseUrl"] == "http://127.0.0.1:9/s/abc/v1" and provider["api"] == "openai-completions"
+    assert provider["models"][0]["id"] == "served-model" and provider["models"][0]["contextWindow"] == 8192
+    assert config["agents"]["defaults"]["model"]["primary"] == "polar/served-model"
+    assert config["update"]["checkOnStart"] is False and config["telemetry"]["enabled"] is False
+    assert launch.argv[2:6] == ["agent", "exec", "--message-file", "-"] and launch.stdin == NASTY.encode()
+    assert launch.argv[7:9] == ["--config", "/polar/home/.openclaw/openclaw.json"]
+    assert launch.env["OPENCLAW_HOME"] == "/polar/home" and launch.env["OPENCLAW_NO_AUTO_UPDATE"] == "1"
+
+
+def test_grok_and_nanocoder_config_and_argv_only_instruction() -> None:
+    grok = get_harness("grok_cli").launch(context(config={"max_tool_rounds": 7}))
+    assert json.loads(grok.files[".grok/user-settings.json"])["baseURL"] == "http://127.0.0.1:9/s/abc/v1"
+    assert grok.env["GROK_MODEL"] == "served-model" and grok.argv[-2:] == ["--max-tool-rounds", "7"]
+    nano = get_harness("nanocoder").launch(context())
+    (provider,) = json.loads(nano.files[".config/nanocoder/agents.config.json"])["nanocoder"]["providers"]
+    assert provider == {"name": "polar", "baseUrl": "http://127.0.0.1:9/s/abc/v1", "apiKey": "sk-session-secret",
+                        "models": ["served-model"]}  # fmt: skip
+    assert nano.env["NANOCODER_CONFIG_DIR"] == "/polar/home/.config/nanocoder"
+    for name in ("grok_cli", "nanocoder"):  # neither reads stdin: a huge instruction is refused, not cut
+        with pytest.raises(HarnessError, match="at most"):
+            get_harness(name).launch(context(instruction="x" * (ARG_LIMIT + 1)))
+
+
+def test_new_harnesses_read_their_json_results() -> None:
+    openclaw, grok, nano = get_harness("openclaw"), get_harness("grok_cli"), get_harness("nanocoder")
+    assert openclaw.check_run(run_result(json.dumps({"ok": True, "status": "ok"}))) is None
+    failed = {"ok": False, "status": "error", "error": {"message": "HTTP 400", "kind": "model"}}
+    assert "HTTP 400" in (openclaw.check_run(run_result(json.dumps(failed))) or "")
+    assert "no JSON" in (openclaw.check_run(run_result("")) or "")
+    done = events({"role": "user", "content": "x"}, {"role": "assistant", "content": "Done."})
+    assert grok.check_run(run_result(done)) is None
+    error = events({"role": "assistant", "content": "Sorry, I encountered an error: Grok API error: 400 nope"})
+    assert "400 nope" in (grok.check_run(run_result(error)) or "")
+    assert nano.check_run(run_result(json.dumps({"kind": "success", "exitCode": 0}))) is None
+    assert "error" in (nano.check_run(run_result(json.dumps({"kind": "error", "error": "bad port"}))) or "")
 
 
 def test_missing_base_url_family_is_a_clear_error() -> None:
@@ -203,3 +253,22 @@ def test_opencode_error_event_is_a_failure() -> None:
     error = {"type": "error", "error": {"name": "APIError", "data": {"message": "Bad Request: nope"}}}
     assert "Bad Request: nope" in (opencode.check_run(run_result(events(error))) or "")
     assert "no step_finish" in (opencode.check_run(run_result(events({"type": "step_start"}))) or "")
+
+
+def test_a_cli_needing_a_newer_node_gets_it_installed_beside_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from polar_cli.harnesses.install import MARKER
+
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path))
+    harness = get_harness("openclaw")
+    assert isinstance(harness, NpmHarness)
+    assert harness.npm.specs() == ["openclaw@2026.9.6", f"{NODE_PACKAGE}@{harness.node_version}"]
+    prefix = harness.npm.prefix
+    (prefix / "bin").mkdir(parents=True)
+    for name in ("openclaw", "node"):
+        (prefix / "bin" / name).write_text("")
+    (prefix / MARKER).write_text("{}")
+    assert not harness.is_installed()  # the CLI is there, its own Node is not
+    node = prefix / "lib" / "node_modules" / NODE_PACKAGE / "bin" / "node"
+    node.parent.mkdir(parents=True)
+    node.write_text("")
+    assert harness.is_installed()

@@ -3,8 +3,9 @@
 
 What each CLI needs was measured (shared/HARNESSES.md): codex reads items only from ``response.output_item.done``
 and needs ``response.completed`` with an id; Claude Code needs named ``event:`` lines, ``message_start`` first and
-``content_block_stop`` after a tool call; the chat CLIs (pi, qwen, opencode) need ``finish_reason`` in the stream;
-Gemini CLI needs SSE ``data:`` chunks with ``functionCall`` parts and a ``finishReason``.
+``content_block_stop`` after a tool call; the chat CLIs (pi, qwen, opencode, openclaw, nanocoder) need
+``finish_reason`` in the stream (grok_cli does not stream: it reads ``choices[0].message``); Gemini CLI needs SSE
+``data:`` chunks with ``functionCall`` parts and a ``finishReason``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ SHELL_TOOLS = {
     "cline": ("run_commands", "commands"),
     "kilocode": ("bash", "command"),
     "continue_cli": ("Bash", "command"),
+    "openclaw": ("exec", "command"),
+    "grok_cli": ("bash", "command"),
+    "nanocoder": ("execute_bash", "command"),
 }
+
+# the CLIs that make plain (non-streamed) calls; every other measured CLI streams
+NOT_STREAMED = {"grok_cli"}
 
 
 def sse_events(text: str) -> list[tuple[str | None, Any]]:
@@ -133,9 +140,17 @@ def test_captured_request_is_answered_in_the_shape_the_cli_needs(proxy: Any, pat
         headers=headers_for(provider, session.api_key),
     )
     assert response.status_code == 200, response.text
-    assert fixture["stream"], "every measured CLI streams"
-    assert response.headers["content-type"].startswith("text/event-stream")
-    CHECKS[provider](sse_events(response.text), tool_turn=path.stem == "turn1")
+    if fixture["stream"]:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        CHECKS[provider](sse_events(response.text), tool_turn=path.stem == "turn1")
+    else:  # grok_cli: a plain chat completion
+        assert harness in NOT_STREAMED, f"{harness} was measured streaming"
+        (choice,) = response.json()["choices"]
+        if path.stem == "turn1":
+            assert choice["finish_reason"] == "tool_calls"
+            assert choice["message"]["tool_calls"][0]["function"]["name"] == SHELL_TOOLS[harness][0]
+        else:
+            assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Done."
     (completion,) = session.completions()
     assert completion["provider"] == provider
     assert completion["request"] == fixture["body"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 DEFAULT_PATCH_COMMAND = 'git add -A >/dev/null && git diff --cached --binary "${POLAR_BASE_COMMIT:-HEAD}"'
 DEFAULT_EXCLUDE = (
     ".claude/", ".codex/", ".gemini/", ".qwen/", ".pi/", ".opencode/", "node_modules/", "__pycache__/", "*.pyc",
-    ".pytest_cache/", ".venv/", ".cache/",
+    ".pytest_cache/", ".venv/", ".cache/", ".grok/",
 )  # fmt: skip
 GIT_APPLY = ["git", "apply", "--verbose", "--whitespace=nowarn", "-"]
 PATCH_FALLBACK = ["patch", "--batch", "--forward", "--fuzz=5", "-p1"]
