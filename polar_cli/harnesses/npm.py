@@ -2,23 +2,20 @@
 
 A subclass names its package, pinned version and binary; the base installs it into its Polar-managed prefix
 (:mod:`polar_cli.harnesses.install`), mounts that prefix as the runtime's tools dir and resolves the binary there.
-The subclass writes :meth:`NpmHarness.build` (argv tail, env, files); the base adds what every npm CLI needs.
+The subclass writes :meth:`NpmHarness.build` (argv tail, env, files); the base adds what every npm CLI needs
+(:class:`polar_cli.harnesses.cli.CliHarness`, shared with the PyPI harnesses).
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-from abc import abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
-
 from polar_cli.harnesses import install as installer
-from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch
-from polar_cli.models import StrictModel
+from polar_cli.harnesses.cli import CliHarness, CliOptions
+from polar_cli.interfaces.harness import HarnessContext
 
 # Every npm CLI: no update prompts from npm-based self-updaters, no colours in captured output.
 COMMON_ENV = {
@@ -55,20 +52,17 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-class NpmOptions(StrictModel):
-    """``AgentSpec.config`` of an npm harness; an adapter with more options subclasses it."""
-
-    settings: dict[str, Any] = Field(default_factory=dict, description="merged over the adapter's own config file")
+NpmOptions = CliOptions
+"""``AgentSpec.config`` of an npm harness (``settings``); an adapter with more options subclasses it."""
 
 
-class NpmHarness(Harness):
+class NpmHarness(CliHarness):
     """A harness installed from npm at a pinned version into a Polar-managed prefix."""
 
     npm_package: ClassVar[str] = ""
-    binary: ClassVar[str] = ""
     extra_packages: ClassVar[tuple[str, ...]] = ()
     allow_scripts: ClassVar[tuple[str, ...]] = ()
-    options: ClassVar[type[BaseModel]] = NpmOptions
+    common_env: ClassVar[Mapping[str, str]] = COMMON_ENV
 
     @property
     def npm(self) -> installer.NpmInstall:
@@ -81,32 +75,13 @@ class NpmHarness(Harness):
             allow_scripts=self.allow_scripts,
         )
 
-    def is_installed(self) -> bool:
-        return self.npm.is_installed()
+    @property
+    def installation(self) -> installer.NpmInstall:
+        return self.npm
 
     def install(self, *, force: bool = False) -> None:
         installer.install(self.npm, force=force)
 
-    def tools_dir(self) -> Path | None:
-        return self.npm.prefix
-
     def executable(self, context: HarnessContext) -> str:
         """The CLI inside the runtime: in the mounted tools dir, else whatever PATH finds."""
         return posixpath.join(context.tools, "bin", self.binary) if context.tools else self.binary
-
-    def settings(self, context: HarnessContext) -> Mapping[str, Any]:
-        """The user's ``config.settings``, to merge over the adapter's own config file."""
-        options: NpmOptions = self.parse_config(context.config)
-        return options.settings
-
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        launch = self.build(context)
-        launch.argv = [self.executable(context), *launch.argv]
-        launch.env = {**COMMON_ENV, "HOME": context.home, **launch.env}
-        if launch.cwd is None:
-            launch.cwd = context.workdir
-        return launch
-
-    @abstractmethod
-    def build(self, context: HarnessContext) -> HarnessLaunch:
-        """argv after the binary, env, files and stdin for this CLI."""
