@@ -143,4 +143,3 @@ class AiderHarness(PypiHarness):
 @hookimpl
 def register_harnesses(register: RegisterHarness) -> None:
     register(AiderHarness())
-
