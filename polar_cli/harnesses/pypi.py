@@ -83,7 +83,8 @@ def install(spec: VenvInstall, *, force: bool = False, timeout: float = INSTALL_
 
     def build(partial: Path) -> dict[str, Any]:
         python = sys.executable
-        run_installer([python, "-m", "venv", str(partial)], what=f"python -m venv {partial}", timeout=timeout)
+        venv = [python, "-m", "venv", "--prompt", f"{spec.name}-{spec.version}", str(partial)]
+        run_installer(venv, what=f"python -m venv {partial}", timeout=timeout)
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PYTHONNOUSERSITE": "1"}
         env.pop("PYTHONPATH", None)  # Polar's own sources must not shadow what the venv resolves
         argv = [str(partial / "bin" / "python"), "-m", "pip", "install", "--quiet", *spec.specs()]
