@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from polar_cli.errors import HarnessError, RuntimeFailure
 from polar_cli.runtimes.tools import ensure_node
@@ -39,16 +39,16 @@ def harness_root() -> Path:
 
 
 @dataclass(frozen=True)
-class NpmInstall:
-    """One pinned npm install: the CLI package, packages it needs beside it, and whose install scripts may run."""
+class PinnedInstall:
+    """One pinned CLI in its own prefix ``harnesses/<name>-<version>``: complete when its marker, ``bin/<binary>``
+    and the runtime it needs (:attr:`runtime_binary`: npm's ``node``, a venv's ``python``) are all there."""
 
     name: str
     package: str
     version: str
     binary: str
     extra_packages: tuple[str, ...] = ()
-    allow_scripts: tuple[str, ...] = ()
-    """npm >= 11 skips dependency install scripts unless allowed; some CLIs need theirs (native binary copies)."""
+    runtime_binary: ClassVar[str] = ""
 
     @property
     def prefix(self) -> Path:
@@ -59,7 +59,27 @@ class NpmInstall:
         return self.prefix / "bin" / self.binary
 
     def is_installed(self) -> bool:
-        return (self.prefix / MARKER).is_file() and self.bin_path.exists() and (self.prefix / "bin" / "node").is_file()
+        bin_dir = self.prefix / "bin"
+        return (self.prefix / MARKER).is_file() and self.bin_path.exists() and (bin_dir / self.runtime_binary).exists()
+
+    def facts(self) -> dict[str, Any]:
+        """What the marker file records of this install."""
+        return {
+            "name": self.name,
+            "package": self.package,
+            "version": self.version,
+            "extra_packages": list(self.extra_packages),
+            "binary": self.binary,
+        }
+
+
+@dataclass(frozen=True)
+class NpmInstall(PinnedInstall):
+    """One pinned npm install: the CLI package, packages it needs beside it, and whose install scripts may run."""
+
+    allow_scripts: tuple[str, ...] = ()
+    """npm >= 11 skips dependency install scripts unless allowed; some CLIs need theirs (native binary copies)."""
+    runtime_binary: ClassVar[str] = "node"
 
     def specs(self) -> list[str]:
         return [f"{self.package}@{self.version}", *self.extra_packages]
@@ -156,13 +176,6 @@ def install(spec: NpmInstall, *, force: bool = False, timeout: float = INSTALL_T
             node = ensure_node(partial)
         except RuntimeFailure as exc:
             raise HarnessError(str(exc)) from exc
-        return {
-            "name": spec.name,
-            "package": spec.package,
-            "version": spec.version,
-            "extra_packages": list(spec.extra_packages),
-            "binary": spec.binary,
-            "node": str(node),
-        }
+        return {**spec.facts(), "node": str(node)}
 
     return managed_install(spec.name, spec.version, build, is_installed=spec.is_installed, force=force)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from polar_cli.errors import HarnessError
 from polar_cli.harnesses.cli import CliHarness
-from polar_cli.harnesses.install import INSTALL_TIMEOUT, MARKER, harness_root, managed_install, run_installer
+from polar_cli.harnesses.install import INSTALL_TIMEOUT, PinnedInstall, managed_install, run_installer
 from polar_cli.interfaces.harness import HarnessContext
 
 # Every Python CLI: unbuffered output, no user site-packages leaking into the venv, no bytecode written into the
@@ -40,25 +40,10 @@ COMMON_ENV = {
 
 
 @dataclass(frozen=True)
-class VenvInstall:
-    """One pinned PyPI install: the CLI's package (``==version``) and packages it needs beside it."""
+class VenvInstall(PinnedInstall):
+    """One pinned PyPI install: the CLI's package (``==version``) and packages it needs beside it, in a venv."""
 
-    name: str
-    package: str
-    version: str
-    binary: str
-    extra_packages: tuple[str, ...] = ()
-
-    @property
-    def prefix(self) -> Path:
-        return harness_root() / f"{self.name}-{self.version}"
-
-    @property
-    def bin_path(self) -> Path:
-        return self.prefix / "bin" / self.binary
-
-    def is_installed(self) -> bool:
-        return (self.prefix / MARKER).is_file() and self.bin_path.exists() and (self.prefix / "bin" / "python").exists()
+    runtime_binary: ClassVar[str] = "python"
 
     def specs(self) -> list[str]:
         return [f"{self.package}=={self.version}", *self.extra_packages]
@@ -93,11 +78,7 @@ def install(spec: VenvInstall, *, force: bool = False, timeout: float = INSTALL_
             raise HarnessError(f"pip installed {spec.package}=={spec.version} but it has no bin/{spec.binary}")
         relocate_scripts(partial, spec.prefix)
         return {
-            "name": spec.name,
-            "package": spec.package,
-            "version": spec.version,
-            "extra_packages": list(spec.extra_packages),
-            "binary": spec.binary,
+            **spec.facts(),
             "python": python,
             "python_version": ".".join(map(str, sys.version_info[:3])),
         }

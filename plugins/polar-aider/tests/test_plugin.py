@@ -16,9 +16,8 @@ from polar_cli.harnesses.testing import (
     check_streamed,
     describe,
     doctor_report,
-    in_ci,
-    missing_cli_reason,
     polar_run,
+    require_cli,
 )
 from polar_cli.interfaces.harness import HarnessContext, HarnessRun
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
@@ -46,14 +45,6 @@ def context(**changes: object) -> HarnessContext:
         tools=str(get_harness(NAME).tools_dir()),
     )
     return replace(base, **changes)  # type: ignore[arg-type]
-
-
-def need_cli() -> None:
-    reason = missing_cli_reason(get_harness(NAME))
-    if reason:
-        if in_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 def option(argv: list[str], flag: str) -> str:
@@ -116,7 +107,7 @@ def test_a_failed_model_call_fails_the_run_though_aider_exits_0() -> None:
 
 @pytest.mark.harness
 def test_doctor_passes_with_the_real_cli() -> None:
-    need_cli()
+    require_cli(NAME)
     report = doctor_report(NAME)
     assert report.ok, describe(report)
     assert len(report.completions) == len([r for r in report.requests if r.kind == "generate"]) == 2
@@ -125,7 +116,7 @@ def test_doctor_passes_with_the_real_cli() -> None:
 @pytest.mark.harness
 def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path: Path) -> None:
     """`polar run`: scripted backend, prefix_merging, test_on_output; aider streams: passed through."""
-    need_cli()
+    require_cli(NAME)
     report = polar_run(NAME, tmp_path)
     check_run(report)
     check_streamed(report)

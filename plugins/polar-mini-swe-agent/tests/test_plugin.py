@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from polar_cli.errors import HarnessError
-from polar_cli.harnesses.testing import check_run, describe, doctor_report, in_ci, missing_cli_reason, polar_run
+from polar_cli.harnesses.testing import check_run, describe, doctor_report, polar_run, require_cli
 from polar_cli.interfaces.harness import HarnessContext
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
 
@@ -39,14 +39,6 @@ def context(**changes: object) -> HarnessContext:
         tools=str(get_harness(NAME).tools_dir()),
     )
     return replace(base, **changes)  # type: ignore[arg-type]
-
-
-def need_cli() -> None:
-    reason = missing_cli_reason(get_harness(NAME))
-    if reason:
-        if in_ci():
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 def test_shows_up_in_polar_plugins() -> None:
@@ -96,7 +88,7 @@ def test_doctor_script_ends_with_minis_submit_command() -> None:
 
 @pytest.mark.harness
 def test_doctor_passes_with_the_real_cli() -> None:
-    need_cli()
+    require_cli(NAME)
     report = doctor_report(NAME)
     assert report.ok, describe(report)
     assert len(report.completions) == len([r for r in report.requests if r.kind == "generate"]) == 2
@@ -106,7 +98,7 @@ def test_doctor_passes_with_the_real_cli() -> None:
 def test_polar_run_completes_with_reward_one_and_a_verified_trajectory(tmp_path: Path) -> None:
     """`polar run`: scripted backend, prefix_merging, test_on_output. litellm calls without streaming, so there is
     no stream to pass through (every call is recorded as a plain completion)."""
-    need_cli()
+    require_cli(NAME)
     report = polar_run(NAME, tmp_path)
     check_run(report)
     assert not any(c.metadata.get("stream") for c in report.completions)
