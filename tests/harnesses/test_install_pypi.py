@@ -1,4 +1,7 @@
-"""The venv installer of PyPI harnesses: a real ``pip install`` into a Polar-managed venv, renamed into place."""
+"""The venv installer of PyPI harnesses: a real ``pip install`` into a Polar-managed venv, renamed into place.
+
+A failed install leaves nothing behind: that is ``install.managed_install``, shared with npm and tested there
+(tests/harnesses/test_install.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.errors import HarnessError
 from polar_cli.harnesses import pypi
 from polar_cli.harnesses.install import MARKER
 from polar_cli.harnesses.pypi import VenvInstall
@@ -31,14 +33,6 @@ def test_a_real_install_is_relocated_marked_and_not_redone(monkeypatch: pytest.M
     assert (marker["package"], marker["version"], marker["binary"]) == ("cowsay", "6.1", "cowsay")
     assert pypi.install(TINY) == TINY.prefix  # complete: nothing is redone
     assert json.loads((TINY.prefix / MARKER).read_text())["installed_at"] == marker["installed_at"]
-
-
-def test_a_failed_pip_install_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("POLAR_HOME", str(tmp_path))
-    missing = VenvInstall("nope", "polar-no-such-package-on-pypi", "0.0.1", "nope")
-    with pytest.raises(HarnessError, match=r"pip install polar-no-such-package-on-pypi==0\.0\.1 failed"):
-        pypi.install(missing)
-    assert not missing.prefix.exists() and not list((tmp_path / "harnesses").glob(".nope-*.partial-*"))
 
 
 def test_relocate_scripts_rewrites_only_files_naming_the_build_dir(tmp_path: Path) -> None:
