@@ -14,7 +14,8 @@ Everyone
 
 Harnesses (``register_harnesses(register: RegisterHarness)``)
     ``Harness`` (implement ``launch``; ``check_run`` to catch failures that exit 0), or ``NpmHarness`` for a CLI
-    installed from npm at a pinned version (implement ``build``; its options ``NpmOptions`` hold ``settings``).
+    installed from npm at a pinned version (implement ``build``; its options ``NpmOptions`` hold ``settings``), or
+    ``PypiHarness`` for one installed from PyPI into its own venv (the same ``build``; local runtime only).
     ``HarnessContext`` in, ``HarnessLaunch`` out, ``HarnessRun`` to judge; helpers ``deep_merge`` (user settings over
     the adapter's), ``dump_json`` / ``dump_toml`` (config files), ``prompt_flag`` (the instruction as one argv element,
     or stdin when too long), ``json_lines`` (a CLI's JSON events). ``side_prompts`` or ``chain_role`` name the calls
@@ -79,6 +80,7 @@ from polar_cli.harnesses.mcp import (
     stdio_server,
 )
 from polar_cli.harnesses.npm import NpmHarness, NpmOptions, deep_merge, dump_json, prompt_flag
+from polar_cli.harnesses.pypi import PypiHarness
 from polar_cli.harnesses.run import tail
 from polar_cli.harnesses.toml import dumps as dump_toml
 from polar_cli.hf_hub import cause as hub_cause
@@ -177,6 +179,7 @@ __all__ = [
     "PluginError",
     "PolarError",
     "PrepareAction",
+    "PypiHarness",
     "RegisterBackend",
     "RegisterBuilder",
     "RegisterDataset",

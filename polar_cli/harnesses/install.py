@@ -1,4 +1,4 @@
-"""The Polar-managed npm prefixes harness CLIs are installed into.
+"""The Polar-managed prefixes harness CLIs are installed into (npm prefixes here; venvs in :mod:`.pypi`).
 
 Each pinned CLI gets its own prefix ``${POLAR_HOME:-~/.cache/polar}/harnesses/<name>-<version>/``, laid out as an npm
 global prefix (``bin/<cli>`` links into ``lib/node_modules``) plus a copy of ``node`` in ``bin/``, so the whole
@@ -16,9 +16,10 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from polar_cli.errors import HarnessError, RuntimeFailure
 from polar_cli.runtimes.tools import ensure_node
@@ -38,16 +39,16 @@ def harness_root() -> Path:
 
 
 @dataclass(frozen=True)
-class NpmInstall:
-    """One pinned npm install: the CLI package, packages it needs beside it, and whose install scripts may run."""
+class PinnedInstall:
+    """One pinned CLI in its own prefix ``harnesses/<name>-<version>``: complete when its marker, ``bin/<binary>``
+    and the runtime it needs (:attr:`runtime_binary`: npm's ``node``, a venv's ``python``) are all there."""
 
     name: str
     package: str
     version: str
     binary: str
     extra_packages: tuple[str, ...] = ()
-    allow_scripts: tuple[str, ...] = ()
-    """npm >= 11 skips dependency install scripts unless allowed; some CLIs need theirs (native binary copies)."""
+    runtime_binary: ClassVar[str] = ""
 
     @property
     def prefix(self) -> Path:
@@ -58,7 +59,27 @@ class NpmInstall:
         return self.prefix / "bin" / self.binary
 
     def is_installed(self) -> bool:
-        return (self.prefix / MARKER).is_file() and self.bin_path.exists() and (self.prefix / "bin" / "node").is_file()
+        bin_dir = self.prefix / "bin"
+        return (self.prefix / MARKER).is_file() and self.bin_path.exists() and (bin_dir / self.runtime_binary).exists()
+
+    def facts(self) -> dict[str, Any]:
+        """What the marker file records of this install."""
+        return {
+            "name": self.name,
+            "package": self.package,
+            "version": self.version,
+            "extra_packages": list(self.extra_packages),
+            "binary": self.binary,
+        }
+
+
+@dataclass(frozen=True)
+class NpmInstall(PinnedInstall):
+    """One pinned npm install: the CLI package, packages it needs beside it, and whose install scripts may run."""
+
+    allow_scripts: tuple[str, ...] = ()
+    """npm >= 11 skips dependency install scripts unless allowed; some CLIs need theirs (native binary copies)."""
+    runtime_binary: ClassVar[str] = "node"
 
     def specs(self) -> list[str]:
         return [f"{self.package}@{self.version}", *self.extra_packages]
@@ -93,49 +114,68 @@ def npm_command(prefix: Path, specs: Sequence[str], allow_scripts: Sequence[str]
     return [*argv, *specs]
 
 
+def run_installer(argv: Sequence[str], *, what: str, env: Mapping[str, str] | None = None, timeout: float) -> None:
+    """Run one install command (npm, pip, ...) to completion; raises HarnessError with its own message on failure."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessError(f"{what} timed out after {timeout:.0f} s") from exc
+    except OSError as exc:
+        raise HarnessError(f"cannot run {argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise HarnessError(f"{what} failed (exit {done.returncode}): {_tail(done.stderr or done.stdout)}")
+
+
+def managed_install(
+    name: str,
+    version: str,
+    build: Callable[[Path], Mapping[str, Any]],
+    *,
+    is_installed: Callable[[], bool],
+    force: bool = False,
+) -> Path:
+    """Install into ``harnesses/<name>-<version>`` unless it is complete already; returns that prefix.
+
+    ``build(partial)`` fills a sibling directory and returns the facts for the marker (raising HarnessError on
+    failure); under a lock the marker is written last and the directory renamed into place, so an interrupted or
+    concurrent install never leaves a prefix that looks complete. ``build`` is told the partial directory only:
+    anything that records its own path (a venv's scripts) must be told the final prefix by other means.
+    """
+    root = harness_root()
+    prefix = root / f"{name}-{version}"
+    with _locked(root / f".{name}-{version}.lock"):
+        if is_installed() and not force:
+            return prefix
+        partial = root / f".{name}-{version}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        started = time.monotonic()
+        try:
+            facts = dict(build(partial))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        marker = {**facts, "installed_at": time.time(), "install_seconds": round(time.monotonic() - started, 1)}
+        (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if prefix.exists():
+            shutil.rmtree(prefix)
+        os.replace(partial, prefix)
+        return prefix
+
+
 def install(spec: NpmInstall, *, force: bool = False, timeout: float = INSTALL_TIMEOUT) -> Path:
     """Install ``spec`` into its prefix unless it is there already; returns the prefix. Raises HarnessError."""
-    root = harness_root()
-    with _locked(root / f".{spec.name}-{spec.version}.lock"):
-        if spec.is_installed() and not force:
-            return spec.prefix
-        partial = root / f".{spec.name}-{spec.version}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
+
+    def build(partial: Path) -> dict[str, Any]:
         argv = npm_command(partial, spec.specs(), spec.allow_scripts)
         # npm's own notices would only add noise (and network calls) to an unattended install
         env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false"}
-        started = time.monotonic()
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise HarnessError(f"npm install {' '.join(spec.specs())} timed out after {timeout:.0f} s") from exc
-        except OSError as exc:
-            raise HarnessError(f"cannot run npm: {exc}") from exc
-        if done.returncode != 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            detail = _tail(done.stderr or done.stdout)
-            raise HarnessError(f"npm install {' '.join(spec.specs())} failed (exit {done.returncode}): {detail}")
+        run_installer(argv, what=f"npm install {' '.join(spec.specs())}", env=env, timeout=timeout)
         if not (partial / "bin" / spec.binary).exists():
-            shutil.rmtree(partial, ignore_errors=True)
             raise HarnessError(f"npm installed {spec.package}@{spec.version} but it has no bin/{spec.binary}")
         try:
             node = ensure_node(partial)
         except RuntimeFailure as exc:
-            shutil.rmtree(partial, ignore_errors=True)
             raise HarnessError(str(exc)) from exc
-        marker = {
-            "name": spec.name,
-            "package": spec.package,
-            "version": spec.version,
-            "extra_packages": list(spec.extra_packages),
-            "binary": spec.binary,
-            "node": str(node),
-            "installed_at": time.time(),
-            "install_seconds": round(time.monotonic() - started, 1),
-        }
-        (partial / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if spec.prefix.exists():
-            shutil.rmtree(spec.prefix)
-        os.replace(partial, spec.prefix)
-        return spec.prefix
+        return {**spec.facts(), "node": str(node)}
+
+    return managed_install(spec.name, spec.version, build, is_installed=spec.is_installed, force=force)

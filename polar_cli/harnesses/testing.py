@@ -7,7 +7,8 @@ the SessionResult with the completions the session's journal holds, for ``polar_
 ``side_call_run`` and ``check_side_chain`` do the same for a run whose harness also makes a call for itself (a side
 chain: no reward under the default ``reward_to``).
 ``missing_cli_reason(harness)`` says why a test cannot run: under CI
-(``CI`` set) a missing CLI is a failure, elsewhere a skip; the caller decides (``pytest.fail`` / ``pytest.skip``).
+(``CI`` set) a missing CLI is a failure, elsewhere a skip; the caller decides (``pytest.fail`` / ``pytest.skip``), or
+``require_cli(name)`` does both in a pytest test.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def missing_cli_reason(harness: Harness) -> str | None:
     if harness.is_installed():
         return None
     return f"{harness.name} {harness.version} is not installed (run .ci/setup_harnesses.sh or polar harness install)"
+
+
+def require_cli(name: str) -> None:
+    """In a pytest test: skip when harness ``name``'s CLI is not installed, fail instead under CI."""
+    import pytest
+
+    reason = missing_cli_reason(get_harness(name))
+    if reason:
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
 
 
 def doctor_report(name: str, runtime: str = "local", *, save_requests: Path | None = None) -> DoctorReport:

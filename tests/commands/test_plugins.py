@@ -10,7 +10,13 @@ import pytest
 
 from tests.support.fake_dist import write_plugin_dist
 
-PLUGIN_PACKAGES = {"codex": "polar-codex", "claude-code": "polar-claude-code", "swebench": "polar-swebench"}
+PLUGIN_PACKAGES = {
+    "codex": "polar-codex",
+    "claude-code": "polar-claude-code",
+    "swebench": "polar-swebench",
+    "mini-swe-agent": "polar-mini-swe-agent",
+    "aider": "polar-aider",
+}
 
 
 def polar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -37,6 +43,8 @@ def test_plugins_json_lists_builtins_and_plugin_packages() -> None:
     assert by_name[("dataset", "tasks_file")]["package"] == "polar-rl"
     assert by_name[("harness", "codex")]["package"] == "polar-codex"
     assert by_name[("harness", "claude_code")]["package"] == "polar-claude-code"
+    assert by_name[("harness", "mini_swe_agent")]["package"] == "polar-mini-swe-agent"
+    assert by_name[("harness", "aider")]["package"] == "polar-aider"
     assert by_name[("evaluator", "swebench_harness")]["package"] == "polar-swebench"
     assert by_name[("dataset", "swegym")]["package"] == "polar-swebench"
     assert by_name[("dataset", "swebench_verified")]["package"] == "polar-swebench"

@@ -32,10 +32,13 @@ SHELL_TOOLS = {
     "openclaw": ("exec", "command"),
     "grok_cli": ("bash", "command"),
     "nanocoder": ("execute_bash", "command"),
+    "mini_swe_agent": ("bash", "command"),
 }
+# harnesses without a shell tool: their turns are text (aider's file edits are in its edit format)
+TEXT_ONLY = {"aider": "polar-check.sh\n```\nls\n```\n"}
 
 # the CLIs that make plain (non-streamed) calls; every other measured CLI streams
-NOT_STREAMED = {"grok_cli"}
+NOT_STREAMED = {"grok_cli", "mini_swe_agent"}
 
 
 def sse_events(text: str) -> list[tuple[str | None, Any]]:
@@ -55,6 +58,8 @@ def sse_events(text: str) -> list[tuple[str | None, Any]]:
 
 
 def answer_for(harness: str, turn: str) -> dict[str, Any]:
+    if harness in TEXT_ONLY:
+        return {"role": "assistant", "content": TEXT_ONLY[harness] if turn == "turn1" else "Done."}
     if turn == "turn1":
         tool, argument = SHELL_TOOLS[harness]
         call = {"id": "call_1", "type": "function", "function": {"name": tool, "arguments": {argument: "ls"}}}
@@ -122,9 +127,18 @@ def check_google(events: list[tuple[str | None, Any]], tool_turn: bool) -> None:
 CHECKS = {"openai_responses": check_codex, "anthropic": check_claude, "openai_chat": check_chat, "google": check_google}
 
 
-def test_fixtures_cover_every_npm_harness() -> None:
+def check_chat_json(body: dict[str, Any], tool_turn: bool) -> None:
+    """A call made without ``stream`` (mini-SWE-agent's litellm, Grok CLI's headless mode) gets one chat completion."""
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == ("tool_calls" if tool_turn else "stop")
+    if tool_turn:
+        assert choice["message"]["tool_calls"][0]["function"]["name"]
+
+
+def test_fixtures_cover_every_harness() -> None:
     captured = {path.parent.name for path in FILES}
-    assert captured == set(SHELL_TOOLS), f"missing: {set(SHELL_TOOLS) - captured}"
+    expected = set(SHELL_TOOLS) | set(TEXT_ONLY)
+    assert captured == expected, f"missing: {expected - captured}"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}-{p.stem}" for p in FILES])
@@ -140,19 +154,18 @@ def test_captured_request_is_answered_in_the_shape_the_cli_needs(proxy: Any, pat
         headers=headers_for(provider, session.api_key),
     )
     assert response.status_code == 200, response.text
+    tool_turn = path.stem == "turn1" and harness not in TEXT_ONLY
     if fixture["stream"]:
         assert response.headers["content-type"].startswith("text/event-stream")
-        CHECKS[provider](sse_events(response.text), tool_turn=path.stem == "turn1")
-    else:  # grok_cli: a plain chat completion
-        assert harness in NOT_STREAMED, f"{harness} was measured streaming"
-        (choice,) = response.json()["choices"]
-        if path.stem == "turn1":
-            assert choice["finish_reason"] == "tool_calls"
-            assert choice["message"]["tool_calls"][0]["function"]["name"] == SHELL_TOOLS[harness][0]
-        else:
-            assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Done."
+        CHECKS[provider](sse_events(response.text), tool_turn=tool_turn)
+    else:  # a plain chat completion
+        assert harness in NOT_STREAMED and provider == "openai_chat", f"{harness} was measured streaming"
+        check_chat_json(response.json(), tool_turn)
+        if tool_turn:
+            call = response.json()["choices"][0]["message"]["tool_calls"][0]
+            assert call["function"]["name"] == SHELL_TOOLS[harness][0]
     (completion,) = session.completions()
     assert completion["provider"] == provider
     assert completion["request"] == fixture["body"]
-    if path.stem == "turn2":  # the tool result the CLI sent back was normalized into a tool message
+    if path.stem == "turn2" and harness not in TEXT_ONLY:  # the tool result the CLI sent back: a tool message
         assert any(m["role"] == "tool" for m in completion["request_messages"])
