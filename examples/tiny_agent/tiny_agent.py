@@ -34,10 +34,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "grpo_tiny"))
-from grpo import MODEL_NAME, save_checkpoint, start_vllm, write_base_model  # noqa: E402
+from grpo import MODEL_NAME, save_checkpoint, start_vllm, write_base_model
 
-from polar_cli.models.task import SCRIPT_KEY  # noqa: E402
-from polar_cli.registry import get_harness  # noqa: E402
+from polar_cli.models.task import SCRIPT_KEY
+from polar_cli.registry import get_harness
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -229,10 +229,14 @@ def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, 
                     calls += row["num_completions"]
                     tool_calls += row["num_completions"] >= 2
                     successes += (row.get("reward") or 0.0) >= 1.0
-            report[harness] = {"sessions": sessions, "model_calls": calls, "tool_call_rate": tool_calls / max(sessions, 1),
+            report[harness] = {"sessions": sessions, "model_calls": calls,
+                               "tool_call_rate": tool_calls / max(sessions, 1),
                                "success_rate": successes / max(sessions, 1)}  # fmt: skip
-            print(f"  {harness:12s} sessions {sessions:3d}  model calls {calls:3d}  tool-call rate "
-                  f"{report[harness]['tool_call_rate']:.2f}  success {report[harness]['success_rate']:.2f}", flush=True)
+            print(
+                f"  {harness:12s} sessions {sessions:3d}  model calls {calls:3d}  tool-call rate "
+                f"{report[harness]['tool_call_rate']:.2f}  success {report[harness]['success_rate']:.2f}",
+                flush=True,
+            )
     return report
 
 
@@ -240,9 +244,16 @@ def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, 
 
 # What the model is made of: this example, the pieces it reuses, the tokenizer and architecture, and the harness
 # definitions whose prompts and tools the teacher's sessions record (their CLI versions are pinned in them).
-INPUTS = ("examples/tiny_agent/tiny_agent.py", "examples/grpo_tiny/grpo.py", "polar_cli/demo_model.py",
-          "polar_cli/harnesses/pi.py", "polar_cli/harnesses/shell.py", "polar_cli/harnesses/reference_agent.mjs",
-          "plugins/polar-codex/polar_codex/__init__.py", "plugins/polar-claude-code/polar_claude_code/__init__.py")  # fmt: skip
+INPUTS = (
+    "examples/tiny_agent/tiny_agent.py",
+    "examples/grpo_tiny/grpo.py",
+    "polar_cli/demo_model.py",
+    "polar_cli/harnesses/pi.py",
+    "polar_cli/harnesses/shell.py",
+    "polar_cli/harnesses/reference_agent.mjs",
+    "plugins/polar-codex/polar_codex/__init__.py",
+    "plugins/polar-claude-code/polar_claude_code/__init__.py",
+)
 
 
 def inputs_key() -> str:
@@ -287,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
     dataset = generate(out, tuple(args.harnesses), args.samples)
     times["generate"] = time.monotonic() - started
     data = windows(dataset, 2 * SLIDING_WINDOW)
-    print(f"== SFT: {len(data)} windows, {sum(sum(m) for _, m, _ in data)} trained tokens, {args.steps} steps", flush=True)
+    trained = sum(sum(m) for _, m, _ in data)
+    print(f"== SFT: {len(data)} windows, {trained} trained tokens, {args.steps} steps", flush=True)
     started = time.monotonic()
     model = base_model(out / "base", args.model_seed)
     losses = train(model, data, args)
@@ -297,8 +309,12 @@ def run(args: argparse.Namespace) -> int:
     save_checkpoint(model, out / "base", model_dir)
     shutil.rmtree(out / "base")
     times["train"] = time.monotonic() - started
-    summary: dict[str, Any] = {"windows": len(data), "final_loss": losses[-1], "seconds": times,
-                               "digest": hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()}
+    summary: dict[str, Any] = {
+        "windows": len(data),
+        "final_loss": losses[-1],
+        "seconds": times,
+        "digest": hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest(),
+    }
     if args.eval_samples > 0:
         print(f"== eval on vLLM: {args.eval_samples} sessions per task and harness", flush=True)
         started = time.monotonic()
@@ -314,9 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("tiny-agent-out"), help="where everything is written")
     parser.add_argument("--harnesses", nargs="+", default=list(HARNESSES), help="the CLIs the teacher plays")
     parser.add_argument("--samples", type=int, default=2, help="scripted sessions per task and harness")
-    parser.add_argument("--steps", type=int, default=150, help="SFT steps (minibatches)")
-    parser.add_argument("--batch", type=int, default=8, help="windows per minibatch")
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--steps", type=int, default=300, help="SFT steps (minibatches)")
+    parser.add_argument("--batch", type=int, default=4, help="windows per minibatch")
+    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=0, help="torch and data-order seed")
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")

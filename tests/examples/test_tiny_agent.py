@@ -61,7 +61,9 @@ def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if missing:
         reason = f"CLIs not installed: {missing} (polar harness install ...)"
         pytest.fail(reason) if in_ci() else pytest.skip(reason)
-    model_dir = tiny_agent.cached_model()
+    # POLAR_TINY_AGENT_MODEL: another build of the model (e.g. examples/tiny_agent/run.sh --out DIR: DIR/model)
+    override = os.environ.get("POLAR_TINY_AGENT_MODEL")
+    model_dir = Path(override) if override else tiny_agent.cached_model()
     log = tmp_path_factory.mktemp("tiny-agent-vllm") / "vllm.log"
     server = VllmServer(model_dir, log, max_model_len=tiny_agent.MAX_MODEL_LEN)
     server.start()
@@ -108,7 +110,7 @@ def check_layout(trace: Trace, journal: list[Completion]) -> None:
     assert trace.prompt_ids == chain[0].prompt_ids
     response = trace.response_ids
     mask = trace.loss_mask
-    logprobs = [entry.logprob for entry in trace.response_logprobs or []]
+    logprobs = [entry["logprob"] for entry in trace.response_logprobs or []]
     pos = 0
     for m, completion in enumerate(chain):
         n = len(completion.response_ids)
@@ -133,8 +135,8 @@ def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
     sessions: list[Session], tiny_agent_url: str, request: pytest.FixtureRequest
 ) -> None:
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    lines = ["tiny agent on vLLM (tests/examples/test_tiny_agent.py): harness, session, model calls, chains, "
-             "main chain length, trainable / masked tokens, tokens a trainer processes per_request -> prefix_merging, reward"]  # fmt: skip
+    lines = ["tiny agent on vLLM: harness, session, model calls, chains, main chain length, trainable / masked "
+             "tokens, tokens to train on per_request -> prefix_merging, reward"]  # fmt: skip
     for session in sessions:
         result, journal = session.result, session.journal
         meta = result.trajectory.metadata
@@ -142,9 +144,10 @@ def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
         main_length = len(trace.metadata.get("completion_ids") or [1])
         per_request = sum(len(c.prompt_ids) + len(c.response_ids) for c in journal)
         merged = sum(len(t.prompt_ids) + len(t.response_ids) for t in result.trajectory.traces)
+        masked = len(trace.loss_mask) - sum(trace.loss_mask)
         lines.append(f"  {session.harness:12s} {result.session_id[:12]}  calls {len(journal)}  chains "
-                     f"{meta.get('chains')}  main chain {main_length}  tokens {sum(trace.loss_mask)} / "
-                     f"{len(trace.loss_mask) - sum(trace.loss_mask)}  tokens {per_request} -> {merged}  reward {result.reward}")  # fmt: skip
+                     f"{meta.get('chains')}  main chain {main_length}  tokens {sum(trace.loss_mask)} / {masked}  "
+                     f"tokens {per_request} -> {merged}  reward {result.reward}")  # fmt: skip
     if reporter is not None:
         reporter.write_line("")
         for text in lines:
