@@ -84,9 +84,9 @@ def task(harness: str, file: str, line: str, sampling: dict[str, Any] | None = N
     }
 
 
-def eval_task(harness: str, file: str, line: str, max_tokens: int) -> str:
-    """The task for a served model (JSON): no script, sampling at temperature 1 with ``max_tokens`` a call."""
-    spec = task(harness, file, line, {"temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens})
+def eval_task(harness: str, file: str, line: str, max_tokens: int, temperature: float = 1.0) -> str:
+    """The task for a served model (JSON): no script, sampling at ``temperature`` with ``max_tokens`` a call."""
+    spec = task(harness, file, line, {"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens})
     spec["metadata"].pop(SCRIPT_KEY)
     return json.dumps(spec)
 
@@ -184,9 +184,11 @@ def loss_on(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def train(model: Any, data: list[tuple[list[int], list[int], int]], args: argparse.Namespace) -> list[float]:
-    """AdamW on the windows, ``args.steps`` minibatches of ``args.batch`` in a seeded order; returns the losses."""
+    """AdamW (learning rate decaying linearly to 0) on the windows, ``args.steps`` minibatches of ``args.batch`` in
+    a seeded order; returns the losses."""
     rng = random.Random(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / args.steps)  # linear to 0
     model.train()
     order: list[int] = []
     losses = []
@@ -198,6 +200,7 @@ def train(model: Any, data: list[tuple[list[int], list[int], int]], args: argpar
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
         if step % 25 == 0 or step == args.steps - 1:
             print(f"  step {step:4d}  loss {loss.item():.4f}", flush=True)
@@ -330,9 +333,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("tiny-agent-out"), help="where everything is written")
     parser.add_argument("--harnesses", nargs="+", default=list(HARNESSES), help="the CLIs the teacher plays")
     parser.add_argument("--samples", type=int, default=2, help="scripted sessions per task and harness")
-    parser.add_argument("--steps", type=int, default=300, help="SFT steps (minibatches)")
-    parser.add_argument("--batch", type=int, default=4, help="windows per minibatch")
-    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
+    parser.add_argument("--steps", type=int, default=200, help="SFT steps (minibatches)")
+    parser.add_argument("--batch", type=int, default=8, help="windows per minibatch")
+    parser.add_argument("--lr", type=float, default=5e-3, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=0, help="torch and data-order seed")
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")

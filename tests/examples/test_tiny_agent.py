@@ -1,7 +1,8 @@
 """Multi-turn fidelity on real sampling (issue 22): vLLM's CPU build serves the tiny tool-calling model that
 ``examples/tiny_agent`` makes from Polar's own data, and real CLIs over three protocols (pi on Chat Completions, codex
-on Responses, claude_code on Messages) run several sessions each through ``polar run``. The model makes its
-harness's shell-tool call, gets the tool result and ends its turn, so every session makes at least two model calls.
+on Responses, claude_code on Messages) run several sessions each through ``polar run``, at temperature 0.5. The model
+makes its harness's shell-tool call, gets the tool result and ends its turn, so every session makes at least two model
+calls.
 
 Checked on every session: ``verify`` passes against the session's journal; independently of the builder, the main
 trace is the journal's completions laid out as ``p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ ...``: each ``a_m`` the completion's sampled
@@ -29,7 +30,7 @@ import pytest
 from polar_cli.builders import verify
 from polar_cli.models import Completion, SessionResult, Trace
 from polar_cli.proxy.journal import read_journal
-from polar_cli.registry import get_harness
+from polar_cli.registry import LOAD_ENV, get_harness
 from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
@@ -40,6 +41,10 @@ import tiny_agent  # noqa: E402
 
 HARNESSES = ("pi", "codex", "claude_code")
 SAMPLES = 3
+# below 1 so that a stray sample (about one session in ten at temperature 1 answers without the tool) does not fail
+# the "at least two model calls" check; the recorded logprobs are the model's raw ones either way
+TEMPERATURE = 0.5
+PLUGINS = "codex,claude-code"  # the plugin packages of codex and claude_code, and no stray installed plugin
 END_OF_TURN = 2  # the demo tokenizer's <|im_end|>
 
 
@@ -57,13 +62,15 @@ class Session:
 @pytest.fixture(scope="module")
 def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_vllm_python()
-    missing = [h for h in (*HARNESSES, "shell") if not get_harness(h).is_installed()]
-    if missing:
-        reason = f"CLIs not installed: {missing} (polar harness install ...)"
-        pytest.fail(reason) if in_ci() else pytest.skip(reason)
-    # POLAR_TINY_AGENT_MODEL: another build of the model (e.g. examples/tiny_agent/run.sh --out DIR: DIR/model)
-    override = os.environ.get("POLAR_TINY_AGENT_MODEL")
-    model_dir = Path(override) if override else tiny_agent.cached_model()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LOAD_ENV, PLUGINS)
+        missing = [h for h in (*HARNESSES, "shell") if not get_harness(h).is_installed()]
+        if missing:
+            reason = f"CLIs not installed: {missing} (polar harness install ...)"
+            pytest.fail(reason) if in_ci() else pytest.skip(reason)
+        # POLAR_TINY_AGENT_MODEL: another build of the model (examples/tiny_agent/run.sh --out DIR: DIR/model)
+        override = os.environ.get("POLAR_TINY_AGENT_MODEL")
+        model_dir = Path(override) if override else tiny_agent.cached_model()
     log = tmp_path_factory.mktemp("tiny-agent-vllm") / "vllm.log"
     server = VllmServer(model_dir, log, max_model_len=tiny_agent.MAX_MODEL_LEN)
     server.start()
@@ -76,17 +83,20 @@ def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def sessions(tiny_agent_url: str, tmp_path_factory: pytest.TempPathFactory) -> list[Session]:
-    """``polar run`` of the first training task, SAMPLES sessions per harness, at temperature 1."""
+    """``polar run`` of the first training task, SAMPLES sessions per harness, at TEMPERATURE."""
     out: list[Session] = []
     file, line = tiny_agent.TASKS[0]
     for harness in HARNESSES:
         work = tmp_path_factory.mktemp(f"tiny-agent-{harness}")
-        spec = tiny_agent.eval_task(harness, file, line, max_tokens=256)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(LOAD_ENV, PLUGINS)
+            spec = tiny_agent.eval_task(harness, file, line, max_tokens=256, temperature=TEMPERATURE)
         (work / "task.json").write_text(spec)
+        env = {**os.environ, LOAD_ENV: PLUGINS}
         argv = [sys.executable, "-m", "polar_cli", "run", "task.json", "--backend", "vllm", "--backend-url",
                 tiny_agent_url, "--model", MODEL_NAME, "--samples", str(SAMPLES), "--out", "results.jsonl",
                 "--no-install"]  # fmt: skip
-        run = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=900)
+        run = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
         lines = (work / "results.jsonl").read_text().splitlines() if (work / "results.jsonl").exists() else []
         assert len(lines) == SAMPLES, run.stdout[-3000:] + run.stderr[-3000:]
         for text in lines:
@@ -132,9 +142,8 @@ def check_layout(trace: Trace, journal: list[Completion]) -> None:
 
 
 def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
-    sessions: list[Session], tiny_agent_url: str, request: pytest.FixtureRequest
+    sessions: list[Session], tiny_agent_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     lines = ["tiny agent on vLLM: harness, session, model calls, chains, main chain length, trainable / masked "
              "tokens, tokens to train on per_request -> prefix_merging, reward"]  # fmt: skip
     for session in sessions:
@@ -148,10 +157,8 @@ def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
         lines.append(f"  {session.harness:12s} {result.session_id[:12]}  calls {len(journal)}  chains "
                      f"{meta.get('chains')}  main chain {main_length}  tokens {sum(trace.loss_mask)} / {masked}  "
                      f"tokens {per_request} -> {merged}  reward {result.reward}")  # fmt: skip
-    if reporter is not None:
-        reporter.write_line("")
-        for text in lines:
-            reporter.write_line(text)
+    with capsys.disabled():  # into the CI log, with or without -s
+        print("\n" + "\n".join(lines))
     for session in sessions:
         result, journal = session.result, session.journal
         assert result.num_completions == len(journal) >= 2, (session.harness, result.error, len(journal))
