@@ -144,8 +144,8 @@ def start_vllm(stack: ExitStack, model_dir: Path, out: Path, venv: Path, max_mod
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-            "--dtype", "float32", "--enforce-eager", "--seed", "0",
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager", "--seed", "0",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
     log = out / "vllm.log"
     stack.enter_context(process(argv, log, env=env, cwd=out))
