@@ -138,13 +138,14 @@ def wait_until(ready: Any, what: str, log: Path, within: float) -> Any:
     raise SystemExit(f"{what} did not start within {within:.0f} s; the end of {log}:\n{tail}")
 
 
-def start_vllm(stack: ExitStack, model_dir: Path, out: Path, venv: Path) -> str:
-    """vLLM's CPU build on ``model_dir`` in dev mode (the weight-reload route), fp32, eager; returns its URL."""
+def start_vllm(stack: ExitStack, model_dir: Path, out: Path, venv: Path, max_model_len: int = 4096) -> str:
+    """vLLM's CPU build on ``model_dir`` in dev mode (the weight-reload route), fp32, eager, the hermes tool-call
+    parser; returns its URL."""
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
-            "--dtype", "float32", "--enforce-eager", "--seed", "0",
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager", "--seed", "0",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
     log = out / "vllm.log"
     stack.enter_context(process(argv, log, env=env, cwd=out))

@@ -74,6 +74,7 @@ class VllmServer:
     model_dir: Path
     log_path: Path
     port: int = field(default_factory=free_port)
+    max_model_len: int = 20480
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,7 +89,7 @@ class VllmServer:
                "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
         argv = [str(require_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-model-len", "20480", "--dtype", "float32", "--seed", "0", "--enforce-eager",
+                "--max-model-len", str(self.max_model_len), "--dtype", "float32", "--seed", "0", "--enforce-eager",
                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.model_dir,

@@ -1,0 +1,357 @@
+"""A tiny tool-calling model made from Polar's own data (README.md here): a scripted teacher, ``polar generate``,
+``polar export``, supervised fine-tuning on the exported traces, and vLLM's CPU build serving the result to real CLIs.
+
+    bash examples/tiny_agent/run.sh [--out DIR] [--steps N] [--eval-samples K]
+
+1. tasks: "create FILE containing exactly the line: LINE", for pi, the shell harness's reference agent, codex and
+   claude_code; each task carries its scripted-backend script (the teacher): one call of the harness's own shell tool
+   writing the file, then a short final answer.
+2. ``polar generate --backend scripted`` runs them through the real CLIs; ``polar export`` writes the ``traces`` config.
+3. SFT: the demo model (polar_cli/demo_model.py: its tokenizer and its 2-layer Qwen2 architecture) with sliding-window
+   attention and an untied output layer, trained on the exported traces' mask-1 tokens. With a window of ``W`` tokens
+   per layer, a token sees at most ``2W`` tokens back, so a training window of the ``2W`` tokens before each assistant
+   turn plus the turn gives exactly the logits the full 12K-35K-token prompt gives: minutes on a CPU, not hours.
+4. eval (``--eval-samples K`` > 0): vLLM serves the model with the hermes tool-call parser; ``polar run`` runs each
+   task K times per harness; prints the tool-call rate and the task success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "grpo_tiny"))
+from grpo import MODEL_NAME, save_checkpoint, start_vllm, write_base_model
+
+from polar_cli.models.task import SCRIPT_KEY
+from polar_cli.registry import get_harness
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+HARNESSES = ("pi", "shell", "codex", "claude_code")
+# (file, line): the tasks; the model learns to write each one with its harness's shell tool
+TASKS = (("hello.txt", "hello polar"), ("notes.txt", "buy milk"), ("todo.txt", "write tests"), ("plan.txt", "ship it"))
+FINAL_ANSWER = "Done."
+SLIDING_WINDOW = 128  # tokens each layer attends back; 2 layers see 2 * SLIDING_WINDOW
+MAX_POSITIONS = 65536  # the CLIs' prompts reach ~35K tokens in the tiny vocabulary; RoPE only ever sees < 2W apart
+MAX_MODEL_LEN = 65536
+
+
+# ---- tasks ------------------------------------------------------------------------------------------------------
+
+
+def instruction(file: str, line: str) -> str:
+    return f"Create a file {file} in the current directory containing exactly the line: {line}"
+
+
+def teacher_script(harness: str, file: str, line: str) -> list[dict[str, Any]]:
+    """The scripted teacher: one call of the harness's own shell tool, then the final answer (its doctor script's
+    shape, polar_cli/interfaces/harness.py)."""
+    script = get_harness(harness).doctor_script(f"echo '{line}' > {file}")
+    script[0]["tool_calls"][0]["id"] = "call_1"
+    script[-1]["content"] = FINAL_ANSWER
+    return script
+
+
+def task(harness: str, file: str, line: str, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A TaskRequest (as a dict) for one harness and one (file, line); the teacher's script in its metadata."""
+    agent: dict[str, Any] = {"harness": harness, "config": get_harness(harness).doctor_config()}
+    if sampling:
+        agent["sampling"] = sampling
+    return {
+        "task_id": f"tiny-{harness}-{file.split('.')[0]}",
+        "instruction": instruction(file, line),
+        "num_samples": 1,
+        "timeout_seconds": 300,
+        "runtime": {"backend": "local"},
+        "agent": agent,
+        "builder": {"strategy": "prefix_merging"},
+        "evaluator": {"strategy": "test_on_output", "config": {"command": f'test "$(cat {file})" = "{line}"'}},
+        "metadata": {"repo": f"tiny/{harness}", "harness": harness, SCRIPT_KEY: teacher_script(harness, file, line)},
+    }
+
+
+def eval_task(harness: str, file: str, line: str, max_tokens: int, temperature: float = 1.0) -> str:
+    """The task for a served model (JSON): no script, sampling at ``temperature`` with ``max_tokens`` a call."""
+    spec = task(harness, file, line, {"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens})
+    spec["metadata"].pop(SCRIPT_KEY)
+    return json.dumps(spec)
+
+
+def polar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "polar_cli", *args], capture_output=True, text=True, env=env, cwd=cwd)
+    return done
+
+
+def generate(out: Path, harnesses: tuple[str, ...], samples: int) -> Path:
+    """``polar generate`` with the scripted backend over every (harness, task), then ``polar export``."""
+    tasks = out / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(task(h, f, line)) + "\n" for h in harnesses for f, line in TASKS))
+    rollouts, dataset = out / "rollouts", out / "dataset"
+    done = polar("generate", "--dataset", "tasks_file", "-O", f"path={tasks}", "--backend", "scripted",
+                 "--out", str(rollouts), "--samples", str(samples), "--concurrency", "4", "--max-retries", "1",
+                 "--group-by", "harness")  # fmt: skip
+    print(done.stderr[-3000:], end="")
+    if done.returncode != 0:
+        raise SystemExit(f"polar generate failed ({done.returncode})")
+    done = polar("export", str(rollouts), "--to", str(dataset), "--accepted-only", "--overwrite")
+    if done.returncode != 0:
+        raise SystemExit(f"polar export failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return dataset
+
+
+# ---- SFT on windows -----------------------------------------------------------------------------------------------
+
+
+def windows(dataset: Path, context: int) -> list[tuple[list[int], list[int], int]]:
+    """One training window per assistant turn (a maximal run of mask-1 tokens) of every trainable trace in the
+    exported ``traces`` config: ``(ids, labels_mask, first_position)``, the ``context`` tokens before the turn and the
+    turn, with only that turn's tokens in the loss."""
+    from datasets import load_dataset
+
+    rows = load_dataset(str(dataset), "traces", split="train")
+    out = []
+    for row in rows:
+        if not row["trainable"]:
+            continue
+        ids = list(row["prompt_ids"]) + list(row["response_ids"])
+        mask = [0] * len(row["prompt_ids"]) + list(row["loss_mask"])
+        i = 0
+        while i < len(mask):
+            if mask[i] != 1:
+                i += 1
+                continue
+            end = i
+            while end < len(mask) and mask[end] == 1:
+                end += 1
+            start = max(0, i - context)
+            out.append((ids[start:end], [0] * (i - start) + [1] * (end - i), start))
+            i = end
+    return out
+
+
+def base_model(folder: Path, seed: int) -> Any:
+    """The demo model (random weights of ``seed``), untied (examples/grpo_tiny), with every layer's attention
+    limited to the last SLIDING_WINDOW tokens and positions for the CLIs' long prompts."""
+    write_base_model(folder, seed)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=0,
+                  layer_types=["sliding_attention"] * config["num_hidden_layers"],
+                  max_position_embeddings=MAX_POSITIONS)  # fmt: skip
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def batch_tensors(batch: list[tuple[list[int], list[int], int]]) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask and true positions, and the mask of the trained tokens."""
+    width = max(len(ids) for ids, _, _ in batch)
+    input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    positions = torch.zeros((len(batch), width), dtype=torch.long)
+    trained = torch.zeros((len(batch), width), dtype=torch.bool)
+    for row, (ids, mask, first) in enumerate(batch):
+        n = len(ids)
+        input_ids[row, :n] = torch.tensor(ids)
+        attention[row, :n] = 1
+        positions[row, :n] = torch.arange(first, first + n)
+        trained[row, :n] = torch.tensor(mask, dtype=torch.bool)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions, "trained": trained}
+
+
+def loss_on(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the trained tokens; the output layer runs only on the positions predicting them (the
+    rest of a window is context)."""
+    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"]).last_hidden_state  # fmt: skip
+    targets = batch["trained"][:, 1:]
+    logits = model.lm_head(hidden[:, :-1][targets])
+    return torch.nn.functional.cross_entropy(logits, batch["input_ids"][:, 1:][targets])
+
+
+def train(model: Any, data: list[tuple[list[int], list[int], int]], args: argparse.Namespace) -> list[float]:
+    """AdamW (learning rate decaying linearly to 0) on the windows, ``args.steps`` minibatches of ``args.batch`` in
+    a seeded order; returns the losses."""
+    rng = random.Random(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / args.steps)  # linear to 0
+    model.train()
+    order: list[int] = []
+    losses = []
+    for step in range(args.steps):
+        if len(order) < args.batch:
+            order += rng.sample(range(len(data)), len(data))
+        picked, order = order[: args.batch], order[args.batch :]
+        loss = loss_on(model, batch_tensors([data[i] for i in picked]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % 25 == 0 or step == args.steps - 1:
+            print(f"  step {step:4d}  loss {loss.item():.4f}", flush=True)
+    model.eval()
+    return losses
+
+
+# ---- eval on vLLM ---------------------------------------------------------------------------------------------------
+
+
+def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM serves the model; ``polar run`` runs every task ``args.eval_samples`` times per harness. A session made
+    the tool call when its first completion has one; it succeeded when its reward is 1.0."""
+    report: dict[str, Any] = {}
+    with ExitStack() as stack:
+        url = start_vllm(stack, model_dir, out, args.vllm_venv, max_model_len=MAX_MODEL_LEN)
+        for harness in args.harnesses:
+            sessions = calls = tool_calls = successes = 0
+            for file, line in TASKS:
+                spec_path = out / "eval" / f"tiny-{harness}-{file.split('.')[0]}.json"
+                spec_path.parent.mkdir(parents=True, exist_ok=True)
+                spec_path.write_text(eval_task(harness, file, line, args.max_tokens))
+                results = spec_path.with_suffix(".results.jsonl")
+                polar("run", str(spec_path), "--backend", "vllm", "--backend-url", url, "--model", MODEL_NAME,
+                      "--samples", str(args.eval_samples), "--out", str(results), "--no-install",
+                      "--data-dir", str(out / "eval" / "polar-data"))  # fmt: skip
+                for row in (json.loads(x) for x in results.read_text().splitlines() if x) if results.exists() else []:
+                    sessions += 1
+                    calls += row["num_completions"]
+                    tool_calls += row["num_completions"] >= 2
+                    successes += (row.get("reward") or 0.0) >= 1.0
+            report[harness] = {"sessions": sessions, "model_calls": calls,
+                               "tool_call_rate": tool_calls / max(sessions, 1),
+                               "success_rate": successes / max(sessions, 1)}  # fmt: skip
+            print(
+                f"  {harness:12s} sessions {sessions:3d}  model calls {calls:3d}  tool-call rate "
+                f"{report[harness]['tool_call_rate']:.2f}  success {report[harness]['success_rate']:.2f}",
+                flush=True,
+            )
+    return report
+
+
+# ---- the CI's cached build --------------------------------------------------------------------------------------
+
+# What the model is made of: this example, the pieces it reuses, the tokenizer and architecture, and the harness
+# definitions whose prompts and tools the teacher's sessions record (their CLI versions are pinned in them).
+INPUTS = (
+    "examples/tiny_agent/tiny_agent.py",
+    "examples/grpo_tiny/grpo.py",
+    "polar_cli/demo_model.py",
+    "polar_cli/harnesses/pi.py",
+    "polar_cli/harnesses/shell.py",
+    "polar_cli/harnesses/reference_agent.mjs",
+    "plugins/polar-codex/polar_codex/__init__.py",
+    "plugins/polar-claude-code/polar_claude_code/__init__.py",
+)
+
+
+def inputs_key() -> str:
+    digest = hashlib.sha256()
+    for name in INPUTS:
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POLAR_HOME") or Path.home() / ".cache" / "polar") / "tiny-agent"
+
+
+def cached_model() -> Path:
+    """The model built with the default settings, from ``cache_root()/<hash of INPUTS>/model``; built there first
+    when missing (a folder is complete once renamed into place). Older builds are removed."""
+    key = inputs_key()
+    folder = cache_root() / key
+    if (folder / "model" / "model.safetensors").exists():
+        return folder / "model"
+    build = cache_root() / f"{key}.build-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    run(parse_args(["--out", str(build)]))
+    for old in cache_root().iterdir():
+        if old.is_dir() and old != build and not old.name.startswith(f"{key}.build"):
+            shutil.rmtree(old, ignore_errors=True)
+    build.rename(folder)
+    return folder / "model"
+
+
+# ---- main -----------------------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    started = time.monotonic()
+    print(f"== generate + export ({', '.join(args.harnesses)}; {len(TASKS)} tasks, scripted teacher)", flush=True)
+    dataset = generate(out, tuple(args.harnesses), args.samples)
+    times["generate"] = time.monotonic() - started
+    data = windows(dataset, 2 * SLIDING_WINDOW)
+    trained = sum(sum(m) for _, m, _ in data)
+    print(f"== SFT: {len(data)} windows, {trained} trained tokens, {args.steps} steps", flush=True)
+    started = time.monotonic()
+    model = base_model(out / "base", args.model_seed)
+    losses = train(model, data, args)
+    model_dir = out / "model"
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    save_checkpoint(model, out / "base", model_dir)
+    shutil.rmtree(out / "base")
+    times["train"] = time.monotonic() - started
+    summary: dict[str, Any] = {
+        "windows": len(data),
+        "final_loss": losses[-1],
+        "seconds": times,
+        "digest": hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest(),
+    }
+    if args.eval_samples > 0:
+        print(f"== eval on vLLM: {args.eval_samples} sessions per task and harness", flush=True)
+        started = time.monotonic()
+        summary["eval"] = evaluate(model_dir, out, args)
+        times["eval"] = time.monotonic() - started
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"== model: {model_dir}  (final loss {losses[-1]:.4f}; seconds {json.dumps(times)})", flush=True)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=Path("tiny-agent-out"), help="where everything is written")
+    parser.add_argument("--harnesses", nargs="+", default=list(HARNESSES), help="the CLIs the teacher plays")
+    parser.add_argument("--samples", type=int, default=2, help="scripted sessions per task and harness")
+    parser.add_argument("--steps", type=int, default=200, help="SFT steps (minibatches)")
+    parser.add_argument("--batch", type=int, default=8, help="windows per minibatch")
+    parser.add_argument("--lr", type=float, default=5e-3, help="AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="torch and data-order seed")
+    parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--eval-samples", type=int, default=0, help="vLLM eval: sessions per task and harness")
+    parser.add_argument("--max-tokens", type=int, default=256, help="eval: cap on each model call's sampled tokens")
+    default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
+    parser.add_argument("--vllm-venv", type=Path, default=Path(default_venv), help="vLLM's CPU venv (eval)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:] == ["--cached"]:  # .ci/setup_tiny_agent.sh
+        print(cached_model())
+        return 0
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
