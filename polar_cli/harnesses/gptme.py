@@ -6,7 +6,7 @@ with ``OPENAI_BASE_URL`` at the session and the key in ``OPENAI_API_KEY``. The i
 ``--``: gptme's end of options, which also turns off its shortcuts (``gptme search ...``, ``gptme <util command>``,
 ``gptme-<plugin>`` dispatch), so it reaches the model verbatim as the first user message.
 
-gptme's tools are its own (``shell``, ``save``, ``patch``, ``read``, ...) in the tool format it picks for the model:
+gptme's tools are its own (``shell``, ``save``, ``patch``, ``ipython``, ...) in the tool format it picks for the model:
 for a ``local/...`` model that is ``tool``, native tool calls (``shell`` with a ``command`` argument); after each call
 it sends the output back, and the run ends at an answer without a tool call. ``config.tool_format: markdown`` (or
 ``xml``) makes the model write its calls as fenced blocks in the text instead. Its config (``~/.config/gptme``), logs
