@@ -1,14 +1,16 @@
 """The gptme harness (PyPI ``gptme``): OpenAI Chat Completions (streamed) through its ``local`` provider.
 
 gptme runs headless and unchanged: ``--non-interactive`` (no prompt, every confirmation answered yes; the run ends
-when the model answers without a tool call or calls gptme's ``complete`` tool), ``--model local/<served model>``
+when the model calls gptme's ``complete`` tool), ``--model local/<served model>``
 with ``OPENAI_BASE_URL`` at the session and the key in ``OPENAI_API_KEY``. The instruction is one argument after
 ``--``: gptme's end of options, which also turns off its shortcuts (``gptme search ...``, ``gptme <util command>``,
 ``gptme-<plugin>`` dispatch), so it reaches the model verbatim as the first user message.
 
 gptme's tools are its own (``shell``, ``save``, ``patch``, ``ipython``, ...) in the tool format it picks for the model:
 for a ``local/...`` model that is ``tool``, native tool calls (``shell`` with a ``command`` argument); after each call
-it sends the output back, and the run ends at an answer without a tool call. ``config.tool_format: markdown`` (or
+it sends the output back; an answer without a tool call gets a reminder to call ``complete``, and another call.
+The conversation's config is written ahead (named, so gptme makes no model call to title it; its workspace the work
+dir). ``config.tool_format: markdown`` (or
 ``xml``) makes the model write its calls as fenced blocks in the text instead. Its config (``~/.config/gptme``), logs
 and conversation (``~/.local/share/gptme``) go to the session home, as HOME points there.
 
