@@ -1,5 +1,5 @@
 """Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``kilocode``, ``cline``,
-``continue_cli``, ``openclaw``, ``grok_cli``, ``nanocoder``.
+``continue_cli``, ``openclaw``, ``grok_cli``, ``nanocoder``, ``gptme``.
 
 ``codex`` and ``claude_code`` are separate plugin packages (plugins/polar-codex, plugins/polar-claude-code).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 from polar_cli.harnesses.cline import ClineHarness
 from polar_cli.harnesses.continue_cli import ContinueCliHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
+from polar_cli.harnesses.gptme import GptmeHarness
 from polar_cli.harnesses.grok_cli import GrokCliHarness
 from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.nanocoder import NanocoderHarness
@@ -33,3 +34,4 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(OpenclawHarness())
     register(GrokCliHarness())
     register(NanocoderHarness())
+    register(GptmeHarness())

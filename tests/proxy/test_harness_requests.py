@@ -33,6 +33,7 @@ SHELL_TOOLS = {
     "grok_cli": ("bash", "command"),
     "nanocoder": ("execute_bash", "command"),
     "mini_swe_agent": ("bash", "command"),
+    "gptme": ("shell", "command"),
 }
 # harnesses without a shell tool: their turns are text (aider's file edits are in its edit format)
 TEXT_ONLY = {"aider": "polar-check.sh\n```\nls\n```\n"}
