@@ -51,6 +51,17 @@ def test_plugins_json_lists_builtins_and_plugin_packages() -> None:
     assert all(row["version"] for row in rows)
 
 
+def test_sixteen_harnesses_each_with_a_real_cli_doctor_test() -> None:
+    """Every registered harness (built-in or from a plugin package) is driven by its real CLI in some doctor test."""
+    out = polar("plugins", "--json", env={"POLAR_LOAD_PLUGINS": ",".join(PLUGIN_PACKAGES)})
+    harnesses = sorted(row["name"] for row in json.loads(out.stdout) if row["kind"] == "harness")
+    assert len(harnesses) >= 16, harnesses
+    root = Path(__file__).resolve().parents[2]
+    tests = "\n".join(p.read_text() for p in [*root.glob("tests/harnesses/test_*.py"),
+                                              *root.glob("plugins/*/tests/test_*.py")])  # fmt: skip
+    assert not [name for name in harnesses if f'"{name}"' not in tests], "a harness without a real-CLI test"
+
+
 def test_plugins_all_shows_disabled() -> None:
     out = polar("plugins", "--json", "--all", env={"POLAR_LOAD_PLUGINS": "codex"})
     assert out.returncode == 0, out.stderr
