@@ -17,7 +17,7 @@ NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`; touch pwned3 
 BUILTIN = ["cline", "continue_cli", "gemini_cli", "grok_cli", "kilocode", "nanocoder", "openclaw", "opencode", "pi",
            "qwen_code", "shell"]
 # built-in too, but a PyPI venv runs only in the local runtime: tests/harnesses/test_pypi_more.py covers it
-PYPI_BUILTIN = ["gptme"]
+PYPI_BUILTIN = ["gptme", "hermes"]
 
 
 def context(**overrides: Any) -> HarnessContext:
