@@ -1,5 +1,5 @@
 """Built-in harnesses: ``shell``, ``pi``, ``qwen_code``, ``gemini_cli``, ``opencode``, ``kilocode``, ``cline``,
-``continue_cli``, ``openclaw``, ``grok_cli``, ``nanocoder``, ``gptme``.
+``continue_cli``, ``openclaw``, ``grok_cli``, ``nanocoder``, ``gptme``, ``hermes``.
 
 ``codex`` and ``claude_code`` are separate plugin packages (plugins/polar-codex, plugins/polar-claude-code).
 """
@@ -11,6 +11,7 @@ from polar_cli.harnesses.continue_cli import ContinueCliHarness
 from polar_cli.harnesses.gemini_cli import GeminiCliHarness
 from polar_cli.harnesses.gptme import GptmeHarness
 from polar_cli.harnesses.grok_cli import GrokCliHarness
+from polar_cli.harnesses.hermes import HermesHarness
 from polar_cli.harnesses.kilocode import KilocodeHarness
 from polar_cli.harnesses.nanocoder import NanocoderHarness
 from polar_cli.harnesses.openclaw import OpenclawHarness
@@ -35,3 +36,4 @@ def register_harnesses(register: RegisterHarness) -> None:
     register(GrokCliHarness())
     register(NanocoderHarness())
     register(GptmeHarness())
+    register(HermesHarness())

@@ -16,8 +16,8 @@ from polar_cli.registry import get_harness, get_registry
 NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`; touch pwned3 \\\nsecond line @file"
 BUILTIN = ["cline", "continue_cli", "gemini_cli", "grok_cli", "kilocode", "nanocoder", "openclaw", "opencode", "pi",
            "qwen_code", "shell"]
-# built-in too, but a PyPI venv runs only in the local runtime: tests/harnesses/test_pypi_more.py covers it
-PYPI_BUILTIN = ["gptme"]
+# built-in too, but a PyPI venv runs only in the local runtime: tests/harnesses/test_pypi_more.py covers them
+PYPI_BUILTIN = ["gptme", "hermes"]
 
 
 def context(**overrides: Any) -> HarnessContext:

@@ -34,6 +34,7 @@ SHELL_TOOLS = {
     "nanocoder": ("execute_bash", "command"),
     "mini_swe_agent": ("bash", "command"),
     "gptme": ("shell", "command"),
+    "hermes": ("terminal", "command"),
 }
 # harnesses without a shell tool: their turns are text (aider's file edits are in its edit format)
 TEXT_ONLY = {"aider": "polar-check.sh\n```\nls\n```\n"}
