@@ -4,7 +4,7 @@
 #
 # Idempotent and cached: a harness whose prefix is complete is skipped; npm's and pip's own caches make a reinstall
 # fast. Needs Node.js >= 20 with npm (Debian's nodejs/npm packages are installed if node is missing) and the npm
-# registry; the PyPI harnesses (mini_swe_agent, aider: one venv each, made with this Python) need PyPI.
+# registry; the PyPI harnesses (mini_swe_agent, aider, gptme, hermes: one venv each, made with this Python) need PyPI.
 # Runs with every installed plugin loaded (codex, claude_code, mini_swe_agent and aider are plugin packages), whatever
 # the caller's POLAR_LOAD_PLUGINS says.
 set -euo pipefail
