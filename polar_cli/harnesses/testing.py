@@ -19,12 +19,12 @@ import os
 import secrets
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from polar_cli.harnesses.doctor import DEFAULT_IMAGE, DoctorReport, run_doctor
-from polar_cli.interfaces.harness import Harness
+from polar_cli.interfaces.harness import Harness, HarnessContext
 from polar_cli.models import Completion, SessionResult
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import read_journal
@@ -48,6 +48,25 @@ def missing_cli_reason(harness: Harness) -> str | None:
     if harness.is_installed():
         return None
     return f"{harness.name} {harness.version} is not installed (run .ci/setup_harnesses.sh or polar harness install)"
+
+
+NASTY_INSTRUCTION = "--help \"double\" 'single' $(touch pwned) `touch pwned2`\nsecond line"
+"""An instruction a shell or an option parser would misread: an adapter must pass it verbatim."""
+
+
+def launch_context(name: str, **changes: Any) -> HarnessContext:
+    """A HarnessContext for unit tests of harness ``name``'s launch (its tools dir, a gateway URL that is never
+    called, :data:`NASTY_INSTRUCTION`), with ``changes`` applied."""
+    base = HarnessContext(
+        instruction=NASTY_INSTRUCTION,
+        model="served-model",
+        api_key="sk-session",
+        base_urls={"openai": "http://127.0.0.1:9/s/abc/v1"},
+        home="/h/home",
+        workdir="/h/session",
+        tools=str(get_harness(name).tools_dir()),
+    )
+    return replace(base, **changes)
 
 
 def require_cli(name: str) -> None:

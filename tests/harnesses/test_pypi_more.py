@@ -3,32 +3,31 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from polar_cli.errors import ConfigError, HarnessError
-from polar_cli.harnesses.testing import check_run, check_streamed, describe, doctor_report, polar_run, require_cli
+from polar_cli.harnesses.testing import (
+    NASTY_INSTRUCTION,
+    check_run,
+    check_streamed,
+    describe,
+    doctor_report,
+    launch_context,
+    polar_run,
+    require_cli,
+)
 from polar_cli.interfaces.harness import HarnessContext, HarnessRun
 from polar_cli.registry import get_harness
 
 NAMES = ["gptme", "hermes"]
-NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`\nsecond line"
+NASTY = NASTY_INSTRUCTION
 
 
 def context(name: str = "gptme", **changes: object) -> HarnessContext:
-    base = HarnessContext(
-        instruction=NASTY,
-        model="served-model",
-        api_key="sk-session",
-        base_urls={"openai": "http://127.0.0.1:9/s/abc/v1"},
-        home="/h/home",
-        workdir="/h/session",
-        tools=str(get_harness(name).tools_dir()),
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return launch_context(name, **changes)
 
 
 def test_launch_is_headless_offline_and_the_instruction_is_one_argument_after_the_options() -> None:

@@ -5,17 +5,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from polar_cli.errors import HarnessError
 from polar_cli.harnesses.testing import (
+    NASTY_INSTRUCTION,
     check_run,
     check_streamed,
     describe,
     doctor_report,
+    launch_context,
     polar_run,
     require_cli,
 )
@@ -23,7 +24,7 @@ from polar_cli.interfaces.harness import HarnessContext, HarnessRun
 from polar_cli.registry import LOAD_ENV, get_harness, reset_registry
 
 NAME = "aider"
-NASTY = "--help \"double\" 'single' $(touch pwned) `touch pwned2`\nsecond line"
+NASTY = NASTY_INSTRUCTION
 
 
 @pytest.fixture(autouse=True)
@@ -35,16 +36,7 @@ def _only_this_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def context(**changes: object) -> HarnessContext:
-    base = HarnessContext(
-        instruction=NASTY,
-        model="served-model",
-        api_key="sk-session",
-        base_urls={"openai": "http://127.0.0.1:9/s/abc/v1"},
-        home="/h/home",
-        workdir="/h/session",
-        tools=str(get_harness(NAME).tools_dir()),
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return launch_context(NAME, **changes)
 
 
 def option(argv: list[str], flag: str) -> str:
