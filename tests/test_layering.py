@@ -65,7 +65,9 @@ def test_imports_resolve_every_form(tmp_path: Path) -> None:
 
 
 def test_plugin_packages_import_only_polar_cli_api() -> None:
-    assert [path.name for path in PLUGIN_PACKAGES] == ["polar_claude_code", "polar_codex", "polar_swebench"]
+    assert [path.name for path in PLUGIN_PACKAGES] == [
+        "polar_aider", "polar_claude_code", "polar_codex", "polar_mini_swe_agent", "polar_swebench"
+    ]
     outside = [
         f"{found.where} imports {found.target}"
         for package in PLUGIN_PACKAGES
