@@ -1,7 +1,7 @@
 """Polar's data models (pydantic v2)."""
 
 from polar_cli.models.base import StrictModel, validate_model
-from polar_cli.models.completion import Completion, Provider, TokenSource
+from polar_cli.models.completion import Completion, PromptSpan, Provider, TokenMode, TokenSource
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     TRAINER_CALLBACK,
@@ -55,6 +55,7 @@ __all__ = [
     "NodeStatus",
     "PolicyVersions",
     "PrepareAction",
+    "PromptSpan",
     "Provider",
     "RewardAssignment",
     "RuntimeSpec",
@@ -71,6 +72,7 @@ __all__ = [
     "TaskState",
     "TaskStatus",
     "TaskStatusCallback",
+    "TokenMode",
     "Throughput",
     "TokenLogprob",
     "TokenSource",

@@ -10,9 +10,31 @@ from polar_cli.models.inference import LogprobsMode, VersionSpan
 
 Provider = Literal["anthropic", "openai_chat", "openai_responses", "google"]
 TokenSource = Literal["backend", "retokenized"]
+TokenMode = Literal["messages", "tokens"]
+"""How the proxy built a call's prompt: ``messages`` (the server rendered the harness's messages with its chat
+template) or ``tokens`` (the proxy built the prompt as ids: earlier assistant turns spliced in as the ids they were
+sampled as, the rest rendered; docs/builders.md, "Token mode")."""
+PromptSpanSource = Literal["spliced", "rendered"]
 ABORTED = "abort"
 """``finish_reason`` of a call whose client left mid-stream: the proxy stopped the backend and recorded the partial
 answer (``metadata.delivery == "aborted"``). It is kept for the record, never trained on: builders drop it."""
+
+
+class PromptSpan(BaseModel):
+    """A run ``[start, end)`` of a tokens-mode prompt: ``spliced`` (an earlier completion's exact sampled ids,
+    ``completion_id`` naming it) or ``rendered`` (the chat template's tokens for messages no model sampled)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    source: PromptSpanSource
+    completion_id: str | None = Field(default=None, description="spliced: the completion whose sampled ids these are")
+    edited: bool = Field(
+        default=False,
+        description="spliced: the harness echoed this turn back changed (normalized arguments, edited text); the "
+        "model saw what it sampled, the harness's own copy differed",
+    )
 
 
 class Completion(BaseModel):
@@ -53,6 +75,10 @@ class Completion(BaseModel):
     replica: str | None = Field(default=None, description="the inference server that answered")
     logprobs_mode: LogprobsMode | None = Field(
         default=None, description="raw: the model's distribution; processed: the one sampled from (None: unknown)"
+    )
+    token_mode: TokenMode = Field(default="messages", description="how the prompt was built (see TokenMode)")
+    prompt_spans: list[PromptSpan] | None = Field(
+        default=None, description="tokens mode: which runs of prompt_ids were spliced and which rendered, in order"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 

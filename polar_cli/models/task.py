@@ -10,6 +10,7 @@ from pydantic import Field, PositiveInt, field_validator
 
 from polar_cli.models.base import StrictModel
 from polar_cli.models.trace import RewardAssignment
+from polar_cli.models.completion import TokenMode
 
 SCRIPT_KEY = "script"
 """``metadata.script``: the scripted backend's per-session script (an inline list of turns). It plays the model; it
@@ -111,6 +112,17 @@ class AgentSpec(StrictModel):
     timeout_seconds: float | None = None
     sampling: SamplingSpec | None = None
     limits: SessionLimits | None = None
+    token_mode: TokenMode | None = Field(
+        default=None,
+        description="messages: the server renders the harness's messages; tokens: the proxy sends the prompt as ids, "
+        "earlier assistant turns spliced in exactly as sampled (docs/builders.md, 'Token mode'); default: the "
+        "gateway's",
+    )
+    keep_reasoning: bool = Field(
+        default=True,
+        description="tokens mode: earlier reasoning stays in the prompt exactly as sampled (true), or is dropped as "
+        "the chat template drops it (false: the chain breaks with cause reasoning_dropped)",
+    )
 
 
 class BuilderSpec(StrictModel):
