@@ -75,7 +75,8 @@ class GatewaySessionDriver:
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
         # fresh: an earlier attempt of this session id (e.g. on a killed gateway) recorded calls that are not this one's
         info = await self.proxy.create_session(job.session_id, metadata, fresh=True, sampling=task.agent.sampling,
-                                               limits=task.agent.limits)  # fmt: skip
+                                               limits=task.agent.limits, token_mode=task.agent.token_mode,
+                                               keep_reasoning=task.agent.keep_reasoning)  # fmt: skip
         job.resources.proxy_key = info["api_key"]
         job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
 

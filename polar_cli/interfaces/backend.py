@@ -10,8 +10,13 @@ from pydantic import BaseModel
 
 from polar_cli.errors import BackendError
 from polar_cli.interfaces.base import Component
-from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
 from polar_cli.models.inference import LogprobsMode
+
+
+def no_token_in(name: str) -> str:
+    return (f"the {name} backend has no token-in route: token mode (agent.token_mode: tokens) needs the vllm backend "
+            "(served with --enable-scale-out) or the scripted backend")  # fmt: skip
 
 
 class BackendClient(ABC):
@@ -32,6 +37,18 @@ class BackendClient(ABC):
     """True when ``open_stream`` streams chunks with token ids (pass-through streaming); else streams are synthetic."""
     logprobs_mode: LogprobsMode | None = None
     """Which distribution the server's logprobs come from (None: unknown, or no logprobs); recorded per completion."""
+    token_in: ClassVar[bool] = False
+    """True when ``generate`` takes a request's ``token_prompt`` (token mode) and ``render`` renders prompts."""
+
+    async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
+        """The prompt ids the server's chat template makes of ``request`` (token mode); BackendError when the
+        backend cannot render."""
+        raise BackendError(no_token_in(self.name or type(self).__name__), status=409)
+
+    async def check_token_in(self, timeout_s: float) -> None:
+        """Token mode's backend check: the server has its token-in routes (BackendError naming what is missing)."""
+        if not self.token_in:
+            raise BackendError(no_token_in(self.name or type(self).__name__), status=409)
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
         """Start a streaming generation (only where ``streams_token_ids``); raises BackendError before any chunk."""

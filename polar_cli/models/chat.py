@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, overload
 
 import orjson
 
-from polar_cli.models import TokenSource
+from polar_cli.models import PromptSpan, TokenSource
 from polar_cli.models.inference import LogprobsMode, VersionSpan
 
 # Sampling/decoding parameters a ChatRequest may carry (OpenAI chat names). Anything else is dropped by codecs.
@@ -35,6 +35,38 @@ SAMPLING_PARAMS = (
 
 
 @dataclass
+class TokenPrompt:
+    """A prompt the proxy built as ids (token mode, :mod:`polar_cli.proxy.token_prompt`): what the backend sends to
+    its token-in route instead of the messages, and how it was made."""
+
+    ids: list[int]
+    spans: list[PromptSpan]
+    base: str | None = None
+    """The recorded completion whose prompt and sampled ids it starts with (None: wholly rendered)."""
+    edited: bool = False
+    """The harness echoed the base's answer back changed; the model still sees it as sampled."""
+    reasoning_dropped: bool = False
+    """``keep_reasoning: false``: the base's answer held reasoning, so nothing was spliced (the template dropped it)."""
+    upstream: dict[str, Any] | None = None
+    """What the backend's render call returned beside the ids (vLLM: the ready generate request, sampling included)."""
+    rendered_len: int = 0
+    """How many ids the template's rendering of the whole conversation had."""
+
+    def record(self) -> dict[str, Any]:
+        """Its journal summary (``Completion.metadata.token_prompt``)."""
+        return {"base": self.base, "edited": self.edited, "reasoning_dropped": self.reasoning_dropped,
+                "rendered_tokens": self.rendered_len}  # fmt: skip
+
+
+@dataclass
+class Rendered:
+    """A backend's rendering of a chat request as prompt ids (its template, its generation prompt)."""
+
+    ids: list[int]
+    upstream: dict[str, Any] | None = None
+
+
+@dataclass
 class ChatRequest:
     """A provider request normalized to OpenAI Chat Completions.
 
@@ -51,6 +83,9 @@ class ChatRequest:
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     context: dict[str, Any] = field(default_factory=dict)
+    token_prompt: TokenPrompt | None = None
+    """Token mode: the prompt as ids; a backend sends these, never the messages (one without a token-in route
+    refuses the call)."""
 
     def openai_body(self) -> dict[str, Any]:
         """The non-streaming OpenAI chat body (without backend-specific token switches)."""

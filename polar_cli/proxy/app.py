@@ -35,6 +35,7 @@ from polar_cli.proxy.sampling import apply_sampling
 from polar_cli.proxy.sessions import Session
 from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
+from polar_cli.proxy.token_prompt import build_token_prompt
 from polar_cli.web.auth import header_bytes
 from polar_cli.web.body import read_object
 from polar_cli.web.disconnect import client_left
@@ -179,6 +180,12 @@ class ProxyHandler:
     async def _generate(self, call: ProxyCall) -> web.StreamResponse:
         """A generation call, passed through as the backend streams it or answered whole (JSON, or a replayed
         stream)."""
+        history = call.session.tokens
+        if history is not None:  # token mode: the prompt as ids; its answer is replayed whole when streamed
+            call.chat.token_prompt = await build_token_prompt(
+                call.chat, history, self.state.backend, keep_reasoning=call.session.keep_reasoning
+            )
+            return await call.answer()
         encoder = call.codec.encoder(call.chat) if call.chat.stream else None
         if encoder is not None and self._passthrough(call.codec):
             return await call.stream(encoder)
@@ -311,7 +318,17 @@ class ProxyCall:
         )
         if session.sampling is not None:
             record["metadata"]["sampling"] = session.sampling.forced()
+        prompt = self.chat.token_prompt
+        if prompt is not None:
+            record["token_mode"] = "tokens"
+            record["prompt_spans"] = [span.model_dump() for span in prompt.spans]
+            record["metadata"]["token_prompt"] = prompt.record()
         written = await registry.record(session, record)
+        if session.tokens is not None and prompt is not None:
+            session.tokens.add(completion_id=record["completion_id"], request_messages=self.chat.messages,
+                               response_message=generation.message, prompt_ids=prompt.ids,
+                               response_ids=generation.response_ids, spans=prompt.spans,
+                               finish_reason=generation.finish_reason)  # fmt: skip
         if session.guard is not None:  # once on disk: a limit it trips stops the harness, and what it kept is read
             session.guard.settle(generation.response_ids)
             self.settled = True

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from polar_cli.errors import ConfigError
-from polar_cli.models import StrictModel
+from polar_cli.models import StrictModel, TokenMode
 from polar_cli.models.chat import StreamMode
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy.pool import PoolConfig
@@ -43,6 +43,12 @@ class ProxyConfig(StrictModel):
     backend_timeout_s: float | None = Field(default=None, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
+    token_mode: TokenMode = Field(
+        default="messages",
+        description="how prompts are built for sessions that do not say (agent.token_mode): messages (the server "
+        "renders them) or tokens (as ids, earlier answers spliced in as sampled; vllm with --enable-scale-out, or "
+        "scripted)",
+    )
     stream_mode: StreamMode = Field(
         default="passthrough",
         description="streaming requests: re-encode the backend's stream as it comes (backends that stream token "

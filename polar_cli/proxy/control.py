@@ -13,7 +13,7 @@ from pydantic import Field
 
 from polar_cli.errors import ConfigError
 from polar_cli.ids import SessionId, check_session_id
-from polar_cli.models import SamplingSpec, SessionLimits, StrictModel, validate_model
+from polar_cli.models import SamplingSpec, SessionLimits, StrictModel, TokenMode, validate_model
 from polar_cli.proxy.backends.scripted import InlineScript
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
@@ -34,6 +34,8 @@ class ProxySessionCreate(StrictModel):
     backend_options: dict[str, Any] = Field(default_factory=dict)
     sampling: SamplingSpec | None = None
     limits: SessionLimits | None = None
+    token_mode: TokenMode | None = Field(default=None, description="messages or tokens; default: the proxy's")
+    keep_reasoning: bool = True
 
 
 def _origin(request: web.Request, state: ProxyState) -> str:
@@ -56,8 +58,9 @@ def add_control_routes(app: web.Application, state: ProxyState) -> None:
                 raise ConfigError("POST /sessions: give the script once: script or backend_options.script")
             options["script"] = spec.script
         session = await state.registry.create_session(
-            spec.session_id, spec.metadata, options, sampling=spec.sampling, limits=spec.limits
-        )
+            spec.session_id, spec.metadata, options, sampling=spec.sampling, limits=spec.limits,
+            token_mode=spec.token_mode, keep_reasoning=spec.keep_reasoning,
+        )  # fmt: skip
         return json_response(state.session_info(session, _origin(request, state)), 201)
 
     async def list_sessions(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ from polar_cli.errors import BackendError, ConfigError, PauseTimeout
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import ProxyMetrics, replica_label
 from polar_cli.models import StrictModel
-from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
 from polar_cli.models.inference import (
     INITIAL_POLICY_VERSION,
     PauseMode,
@@ -166,6 +166,7 @@ class InferencePool(BackendClient):
         self.name = first.name  # type: ignore[misc]
         self.session_options = first.session_options  # type: ignore[misc]
         self.streams_token_ids = first.streams_token_ids  # type: ignore[misc]
+        self.token_in = first.token_in  # type: ignore[misc]
         self.logprobs_mode = first.logprobs_mode
         self._version = policy_version
         self._paused: PauseMode | None = None
@@ -356,6 +357,15 @@ class InferencePool(BackendClient):
 
     async def count_tokens(self, request: ChatRequest) -> int:
         return await self._pick("", set()).client.count_tokens(request)
+
+    async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
+        """Any healthy replica renders (they serve one model with one template)."""
+        return await self._pick("", set()).client.render(request, add_generation_prompt=add_generation_prompt)
+
+    async def check_token_in(self, timeout_s: float) -> None:
+        """Every replica has the token-in routes (the first that lacks them is the error)."""
+        for replica in list(self._replicas):
+            await replica.client.check_token_in(timeout_s)
 
     async def models(self) -> list[str]:
         return await self._pick("", set()).client.models()

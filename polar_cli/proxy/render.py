@@ -131,6 +131,11 @@ class ChatRenderer:
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(self.prompt_text(messages, tools))
 
+    def conversation_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> list[int]:
+        return self.encode(self._render(messages, tools, add_generation_prompt))
+
     def turn_text(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, assistant: dict[str, Any]
     ) -> str:

@@ -15,12 +15,13 @@ import orjson
 
 from polar_cli.errors import ConfigError, SessionError, SessionExistsError, brief
 from polar_cli.ids import check_session_id
-from polar_cli.interfaces.backend import BackendClient
-from polar_cli.models import Completion, validate_model
+from polar_cli.interfaces.backend import BackendClient, no_token_in
+from polar_cli.models import Completion, TokenMode, validate_model
 from polar_cli.models.task import SCRIPT_KEY, SamplingSpec, SessionLimits
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 from polar_cli.proxy.limits import LimitHit, SessionGuard
 from polar_cli.proxy.sampling import RawLogprobsWarning
+from polar_cli.proxy.token_prompt import TokenHistory
 
 
 def session_prefix(session_id: str) -> str:
@@ -98,6 +99,12 @@ class Session:
     model_requests: int = 0
     """Generation requests the harness sent (authenticated), recorded or refused: tells a harness that never reached
     the proxy from one whose every call failed."""
+    token_mode: TokenMode = "messages"
+    """How its calls' prompts are built: rendered by the server, or as ids (:mod:`polar_cli.proxy.token_prompt`)."""
+    keep_reasoning: bool = True
+    """Token mode: earlier reasoning stays in the prompt as sampled (else it is dropped, as the template drops it)."""
+    tokens: TokenHistory | None = None
+    """Token mode: its recorded completions as later calls splice them."""
     oldest_version: int | None = None
     """The oldest policy version its recorded completions were sampled under (None: none recorded one yet): what
     staleness is judged by, kept as calls are recorded so that nobody re-reads the journal for it."""
@@ -125,6 +132,7 @@ class Session:
             "journal": str(self.journal.path) if self.journal else None,
             "sampling": self.sampling.forced() if self.sampling is not None else None,
             "limits": self.guard.summary() if self.guard is not None else None,
+            "token_mode": self.token_mode,
         }
         if base_url:
             out["base_urls"] = base_urls(base_url, self.session_id)
@@ -134,9 +142,13 @@ class Session:
 class SessionRegistry:
     """Every live session of one proxy. Routing, authentication and capture go through here."""
 
-    def __init__(self, backend: BackendClient, journal_dir: Path | None = None) -> None:
+    def __init__(
+        self, backend: BackendClient, journal_dir: Path | None = None, token_mode: TokenMode = "messages"
+    ) -> None:
         self.backend = backend
         self.journal_dir = journal_dir
+        self.token_mode = token_mode
+        """The mode of sessions created without one (the proxy's ``token_mode``)."""
         self._sessions: dict[str, Session] = {}
         self.raw_logprobs = RawLogprobsWarning()
 
@@ -155,6 +167,8 @@ class SessionRegistry:
         fresh: bool = False,
         sampling: SamplingSpec | None = None,
         limits: SessionLimits | None = None,
+        token_mode: TokenMode | None = None,
+        keep_reasoning: bool = True,
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
         checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call and
@@ -169,8 +183,14 @@ class SessionRegistry:
         if session_id in self._sessions:
             raise SessionExistsError(f"session {session_id!r} already exists")
         metadata, options = session_options(self.backend, metadata, backend_options)
+        mode = token_mode or self.token_mode
+        if mode == "tokens" and not self.backend.token_in:
+            raise ConfigError(no_token_in(self.backend.name or type(self.backend).__name__))
         await self.backend.open_session(session_id, options)
-        session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling)
+        session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling,
+                          token_mode=mode, keep_reasoning=keep_reasoning)  # fmt: skip
+        if mode == "tokens":
+            session.tokens = TokenHistory()
         if limits is not None and limits.set():
             session.guard = SessionGuard(limits)
         if self.journal_dir is not None:

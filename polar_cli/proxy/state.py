@@ -8,7 +8,7 @@ from typing import Any
 
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import PoolReading, ProxyMetrics, ReplicaReading, replica_label
-from polar_cli.models import Completion
+from polar_cli.models import Completion, TokenMode
 from polar_cli.models.inference import is_remote
 from polar_cli.models.task import SamplingSpec, SessionLimits
 from polar_cli.proxy.config import ProxyConfig
@@ -42,7 +42,7 @@ class ProxyState:
             self.pool = backend if isinstance(backend, InferencePool) else InferencePool.of(backend)
         self.pool.metrics = self.metrics
         self.backend: BackendClient = self.pool
-        self.registry = SessionRegistry(self.backend, config.journal_dir)
+        self.registry = SessionRegistry(self.backend, config.journal_dir, config.token_mode)
         self.metrics.watch(self._pool_reading, lambda: len(self.registry.sessions()))
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None
@@ -68,10 +68,13 @@ class ProxyState:
         fresh: bool = False,
         sampling: SamplingSpec | None = None,
         limits: SessionLimits | None = None,
+        token_mode: TokenMode | None = None,
+        keep_reasoning: bool = True,
     ) -> dict[str, Any]:
         session = await self.registry.create_session(
-            session_id, metadata, backend_options, fresh=fresh, sampling=sampling, limits=limits
-        )
+            session_id, metadata, backend_options, fresh=fresh, sampling=sampling, limits=limits,
+            token_mode=token_mode, keep_reasoning=keep_reasoning,
+        )  # fmt: skip
         return self.session_info(session)
 
     def get_completions(self, session_id: str) -> list[Completion]:

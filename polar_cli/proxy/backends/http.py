@@ -13,7 +13,7 @@ import orjson
 from pydantic import Field
 
 from polar_cli.errors import BackendError
-from polar_cli.interfaces.backend import BackendClient
+from polar_cli.interfaces.backend import BackendClient, no_token_in
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.models.inference import LogprobsMode
@@ -265,6 +265,8 @@ class HttpChatClient(BackendClient):
         """Turn the server's JSON answer into a Generation (BackendError when token data is missing)."""
 
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        if request.token_prompt is not None:
+            raise BackendError(no_token_in(self.name), status=409)
         model = await self.served_model()
         started = time.perf_counter()
         data = await self.request("POST", "/v1/chat/completions", self.upstream_body(request, model), self.load_answer)

@@ -22,7 +22,7 @@ from polar_cli.config import read_data_file
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
-from polar_cli.models.chat import ChatRequest, Generation, UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
 
@@ -209,6 +209,8 @@ class ScriptedClient(BackendClient):
     name = "scripted"
     session_options = ScriptedSessionOptions
     streams_token_ids = True
+    token_in = True
+    """Token mode: a token prompt is answered like any other (the script's turn), recorded as the prompt given."""
 
     def __init__(self, config: ScriptedConfig) -> None:
         self.config = config
@@ -256,8 +258,15 @@ class ScriptedClient(BackendClient):
             message["tool_calls"] = calls
         return message
 
+    async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
+        size = text_chars(request.messages, request.tools)
+        ids = await off_loop(size, self.renderer.conversation_ids, request.messages, request.tools,
+                             add_generation_prompt)  # fmt: skip
+        return Rendered(ids=ids)
+
     def _render(self, request: ChatRequest, message: dict[str, Any]) -> tuple[list[int], list[int]]:
-        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools)
+        given = request.token_prompt
+        prompt_ids = list(given.ids) if given is not None else self.renderer.prompt_ids(request.messages, request.tools)
         return prompt_ids, self.renderer.turn_ids(request.messages, request.tools, message)
 
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:

@@ -19,8 +19,9 @@ import aiohttp
 import orjson
 
 from polar_cli.errors import BackendError
-from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, Rendered, UpstreamStream
 from polar_cli.models.inference import LogprobsMode
+from polar_cli.proxy.backends import vllm_tokens
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation, upstream_error
 from polar_cli.proxy.retry import with_retries
 from polar_cli.proxy.streaming import UpstreamStreamError, sse_chunks
@@ -92,6 +93,7 @@ class VllmStream:
 class VllmClient(HttpChatClient):
     name = "vllm"
     streams_token_ids = True
+    token_in = True
 
     def __init__(self, config: HttpBackendConfig) -> None:
         super().__init__(config)
@@ -118,6 +120,17 @@ class VllmClient(HttpChatClient):
                 status=409,
             )
         return _LOGPROBS_MODES[mode]
+
+    async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
+        return await vllm_tokens.render(self, request, add_generation_prompt)
+
+    async def check_token_in(self, timeout_s: float) -> None:
+        await vllm_tokens.check_routes(self, timeout_s)
+
+    async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        if request.token_prompt is not None:
+            return await vllm_tokens.generate(self, request)
+        return await super().generate(request, session_id=session_id)
 
     async def pause_generation(self, timeout_s: float) -> bool:
         """``POST /pause?mode=keep``: requests in flight stay frozen on the server; False without dev mode (404)."""
@@ -164,6 +177,8 @@ class VllmClient(HttpChatClient):
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
         """POST a streaming chat request; transient failures before the first byte are retried like ``generate``."""
+        if request.token_prompt is not None:
+            raise BackendError("token mode streams are replayed whole (the proxy answers them synthetic)", status=500)
         model = await self.served_model()
         body = self.upstream_body(request, model)
         body["stream"] = True
