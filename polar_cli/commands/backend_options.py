@@ -48,6 +48,17 @@ StreamMode = Annotated[
     ),
 ]
 
+TokenModeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token-mode",
+        help="How prompts are built for tasks that do not say (agent.token_mode): messages (the server renders "
+        "them) or tokens (as ids, earlier answers spliced in exactly as sampled; vllm with --enable-scale-out, or "
+        "scripted).",
+        show_default=False,
+    ),
+]
+
 
 def proxy_overrides(
     *,
@@ -59,6 +70,7 @@ def proxy_overrides(
     backend_timeout: float | None = None,
     backend_retries: int | None = None,
     stream_mode: str | None = None,
+    token_mode: str | None = None,
 ) -> dict[str, Any]:
     """The ProxyConfig fields the backend options set, as dotted keys for ``config.set_dotted`` (None: not given)."""
     return {
@@ -70,6 +82,7 @@ def proxy_overrides(
         "backend_timeout_s": backend_timeout,
         "retry.attempts": None if backend_retries is None else backend_retries + 1,
         "stream_mode": stream_mode,
+        "token_mode": token_mode,
     }
 
 

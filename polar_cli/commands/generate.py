@@ -98,6 +98,7 @@ def generate_command(
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
     stream_mode: backend_options.StreamMode = "passthrough",
+    token_mode: backend_options.TokenModeOption = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
@@ -117,6 +118,7 @@ def generate_command(
         overrides = backend_options.proxy_overrides(
             backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer,
             backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+            token_mode=token_mode,
         )  # fmt: skip
         proxy = backend_options.proxy_config(overrides, source="polar generate")
         proxy.backend_config()

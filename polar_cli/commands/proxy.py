@@ -44,6 +44,7 @@ def proxy(
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
     stream_mode: backend_options.StreamMode = "passthrough",
+    token_mode: backend_options.TokenModeOption = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
@@ -52,6 +53,7 @@ def proxy(
     overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, script=script, tokenizer=tokenizer, model=model,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+        token_mode=token_mode,
     )  # fmt: skip
     config = backend_options.proxy_config(
         overrides, source="polar proxy", host=host, port=port, journal_dir=journal, public_url=public_url,

@@ -116,6 +116,7 @@ def run(
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
     stream_mode: backend_options.StreamMode = "passthrough",
+    token_mode: backend_options.TokenModeOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
@@ -146,8 +147,11 @@ def run(
     overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
+        token_mode=token_mode,
     )  # fmt: skip
     proxy = backend_options.proxy_config(overrides, source="polar run")
+    if task.agent.token_mode is not None:  # the backend check then covers the task's mode
+        proxy = proxy.model_copy(update={"token_mode": task.agent.token_mode})
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
     pipeline = validate_model(

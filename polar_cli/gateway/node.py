@@ -78,6 +78,8 @@ class GatewayNode:
         if self.config.backend_check != "off":
             try:
                 await self.proxy.backend.preflight(BACKEND_CHECK_S)
+                if self.proxy.config.token_mode == "tokens":
+                    await self.proxy.backend.check_token_in(BACKEND_CHECK_S)
             except BackendError as exc:
                 if self.config.backend_check == "fail":
                     raise

@@ -75,6 +75,9 @@ class VllmServer:
     log_path: Path
     port: int = field(default_factory=free_port)
     max_model_len: int = 20480
+    extra_args: list[str] = field(default_factory=list)
+    """More server flags (e.g. ``--chat-template FILE``). Every server has the token-in routes
+    (``--enable-scale-out``: token mode, docs/token-mode.md)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -90,7 +93,8 @@ class VllmServer:
         argv = [str(require_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len), "--dtype", "float32", "--seed", "0", "--enforce-eager",
-                "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
+                "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-scale-out",
+                *self.extra_args]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.model_dir,
                                          start_new_session=True)  # fmt: skip

@@ -1,0 +1,197 @@
+"""Context-exact traces on real sampling: vLLM's CPU build serves the tuned tiny tool-calling model of
+``examples/tiny_agent`` with a chat template that re-serializes earlier tool calls (``{"name":"bash"`` where the model
+samples ``{"name": "bash"``), so from the second call on, the server's rendering of the history is not what the model
+sampled. Real CLIs on three protocols (pi on Chat Completions, codex on Responses, claude_code on Messages) run
+two-call sessions through ``polar run``:
+
+* messages mode, default build: ``polar verify --recompute`` passes (the trace never claims a context the model did not
+  see), and the chain breaks where the history was re-rendered, with its cause and where the tokens departed;
+* tokens mode (``agent.token_mode: tokens``): the proxy splices each earlier answer as sampled; an independent rebuild
+  from the journal finds every prompt = its base's prompt + the base's sampled ids + the server's own rendering of
+  the new messages, id for id; one chain per conversation; ``polar verify --recompute`` passes.
+
+Without the vLLM venv or the CLIs the tests skip, except in CI (CI=true), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar_cli.models import Completion, SessionResult
+from polar_cli.proxy.journal import read_journal
+from polar_cli.registry import LOAD_ENV, get_harness
+from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "tiny_agent"))
+import tiny_agent  # noqa: E402
+
+HARNESSES = ("pi", "codex", "claude_code")
+SAMPLES = 2
+TEMPERATURE = 0.5
+PLUGINS = "codex,claude-code"
+END_OF_TURN = 2  # the demo tokenizer's <|im_end|>
+# what the model was trained to sample, and the compact form this template writes into the history instead
+SAMPLED_CALL = """'<tool_call>\\n{"name": ' + (fn['name'] | tojson) + ', "arguments": '"""
+COMPACT_CALL = """'<tool_call>\\n{"name":' + (fn['name'] | tojson) + ',"arguments":'"""
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def reserializing_template(model_dir: Path) -> str:
+    """The model's own template, with earlier tool calls written compactly."""
+    template = json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"]
+    assert SAMPLED_CALL in template, "the demo template changed: update SAMPLED_CALL"
+    compact = template.replace(SAMPLED_CALL, COMPACT_CALL)
+    return compact.replace("{{- fn['arguments'] | tojson -}}",
+                           "{{- fn['arguments'] | tojson | replace('\": ', '\":') | replace(', \"', ',\"') -}}")
+
+
+@dataclass
+class Session:
+    harness: str
+    mode: str
+    result: SessionResult
+    journal: list[Completion]
+    results_file: Path
+    journal_dir: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    require_vllm_python()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LOAD_ENV, PLUGINS)
+        missing = [h for h in HARNESSES if not get_harness(h).is_installed()]
+        if missing:
+            reason = f"CLIs not installed: {missing} (polar harness install ...)"
+            pytest.fail(reason) if in_ci() else pytest.skip(reason)
+        override = os.environ.get("POLAR_TINY_AGENT_MODEL")
+        model_dir = Path(override) if override else tiny_agent.cached_model()
+    work = tmp_path_factory.mktemp("token-mode-vllm")
+    template = work / "reserializing.jinja"
+    template.write_text(reserializing_template(model_dir))
+    server = VllmServer(model_dir, work / "vllm.log", max_model_len=tiny_agent.MAX_MODEL_LEN,
+                        extra_args=["--chat-template", str(template)])  # fmt: skip
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.url, model_dir
+    finally:
+        server.stop()
+
+
+def polar(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, LOAD_ENV: PLUGINS}
+    return subprocess.run([sys.executable, "-m", "polar_cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sessions(served: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> list[Session]:
+    url, _ = served
+    out: list[Session] = []
+    file, line = tiny_agent.TASKS[0]
+    for mode in ("messages", "tokens"):
+        for harness in HARNESSES:
+            work = tmp_path_factory.mktemp(f"token-mode-{mode}-{harness}")
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv(LOAD_ENV, PLUGINS)
+                spec = json.loads(tiny_agent.eval_task(harness, file, line, max_tokens=256, temperature=TEMPERATURE))
+            spec["agent"]["token_mode"] = mode
+            (work / "task.json").write_text(json.dumps(spec))
+            run = polar("run", "task.json", "--backend", "vllm", "--backend-url", url, "--model", MODEL_NAME,
+                        "--samples", str(SAMPLES), "--out", "results.jsonl", "--no-install", cwd=work)  # fmt: skip
+            results = work / "results.jsonl"
+            lines = results.read_text().splitlines() if results.exists() else []
+            assert len(lines) == SAMPLES, run.stdout[-3000:] + run.stderr[-3000:]
+            journal_dir = work / "polar-data" / "journal"
+            for text in lines:
+                result = SessionResult.model_validate_json(text)
+                path = journal_dir / f"{result.session_id}.jsonl"
+                out.append(Session(harness, mode, result, read_journal(path) if path.exists() else [], results,
+                                   journal_dir))  # fmt: skip
+    return out
+
+
+def verify_recompute(session: Session, model_dir: Path) -> None:
+    done = polar("verify", str(session.results_file), "--recompute", "--model", str(model_dir), "--journal",
+                 str(session.journal_dir), cwd=session.results_file.parent)  # fmt: skip
+    assert done.returncode == 0, f"{session.mode} {session.harness}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_messages_mode_breaks_where_the_history_was_rerendered_and_recomputes_exactly(
+    sessions: list[Session], served: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, model_dir = served
+    mine = [s for s in sessions if s.mode == "messages"]
+    rerendered = 0
+    lines = ["messages mode, re-serializing template: harness, calls, chains, break causes"]
+    for session in mine:
+        meta = session.result.trajectory.metadata
+        assert len(session.journal) >= 2, (session.harness, session.result.error)
+        causes = [b["cause"] for b in meta.get("breaks", [])]
+        lines.append(f"  {session.harness:12s} calls {len(session.journal)}  chains {meta.get('chains')}  {causes}")
+        rerendered += causes.count("history_rerendered")
+        for brk in meta.get("breaks", []):
+            assert brk["cause"], brk
+        verify_recompute(session, model_dir)
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    assert rerendered >= 1  # the template did rewrite what the model sampled, and the builder said so
+
+
+def test_tokens_mode_gives_one_exact_chain_per_conversation_that_recomputes_exactly(
+    sessions: list[Session], served: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, model_dir = served
+    mine = [s for s in sessions if s.mode == "tokens"]
+    lines = ["tokens mode, re-serializing template: harness, calls, chains, spliced turns (edited)"]
+    with httpx.Client(timeout=120) as client:
+        for session in mine:
+            journal = session.journal
+            assert len(journal) >= 2, (session.harness, session.result.error)
+            by_id = {c.completion_id: c for c in journal}
+            spliced = edited = 0
+            for completion in journal:
+                assert completion.token_mode == "tokens" and completion.prompt_spans
+                base_id = completion.metadata["token_prompt"]["base"]
+                # the server's own rendering of this call's messages: what every rendered span must come from
+                body = {"model": MODEL_NAME, "messages": completion.request_messages, "add_generation_prompt": True}
+                if completion.request_tools:
+                    body["tools"] = completion.request_tools
+                rendered = client.post(f"{url}/tokenize", json=body).json()["tokens"]
+                if base_id is None:
+                    assert completion.prompt_ids == rendered
+                    continue
+                base = by_id[base_id]
+                sampled = [*base.prompt_ids, *base.response_ids]
+                assert completion.prompt_ids[: len(sampled)] == sampled, "the base's answer is not spliced as sampled"
+                tail = completion.prompt_ids[len(sampled) :]
+                assert tail and rendered[-len(tail) :] == tail, "the new messages are not the template's rendering"
+                spliced += 1
+                edited += sum(1 for s in completion.prompt_spans if s.edited)
+            meta = session.result.trajectory.metadata
+            causes = [b["cause"] for b in meta.get("breaks", [])]
+            assert not {"history_rerendered", "truncated_reply", "no_end_of_turn"} & set(causes), meta
+            mains = [t for t in session.result.trajectory.traces if t.role == "main"]
+            main_ids = mains[0].metadata.get("completion_ids") or []
+            assert len(main_ids) >= 2, meta  # the conversation is one chain, across its turns
+            lines.append(f"  {session.harness:12s} calls {len(journal)}  chains {meta.get('chains')}  spliced "
+                         f"{spliced} ({edited})")  # fmt: skip
+            verify_recompute(session, model_dir)
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
