@@ -11,7 +11,9 @@ It knows nothing about how a builder works. Given a trajectory and the completio
 * the context is the one the tokens were sampled in: a trace's ``prompt_ids`` start every prompt of the completions
   placed in it, and consecutive completions in a trace are in capture order with strictly extending prompts, the
   later one's history not demonstrably holding a sibling branch's response instead of the earlier one's
-  (``evidence.continues``);
+  (``evidence.continues``); and the trace's tokens before each completion's sampled tokens are exactly its prompt,
+  unless the trace says they are not (``context_exact`` false on the trace, and false for that completion in its
+  ``metadata["context_exact"]`` where it has one: built with ``merge: prompt_prefix``, they are then a note);
 * a trace's ``policy_versions`` cover the version of every completion placed in it (none where they recorded none).
 """
 
@@ -167,10 +169,12 @@ class _Checker:
                 )
                 return _REPORTED
             return None
-        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero)]
+        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero, offset)]
         return (consistent or unused)[0]
 
-    def _context_problems(self, trace: Trace, pos: int, prev: int | None, zero: tuple[int, int] | None) -> list[str]:
+    def _context_problems(
+        self, trace: Trace, pos: int, prev: int | None, zero: tuple[int, int] | None, offset: int
+    ) -> list[str]:
         c = self.completions[pos]
         prompt = c.prompt_ids
         problems = []
@@ -191,6 +195,11 @@ class _Checker:
             segment = trace.response_ids[zero[0] : zero[1]]
             if len(segment) > len(prompt) - base or prompt[len(prompt) - len(segment) :] != segment:
                 problems.append(f"the mask-0 tokens {zero[0]}..{zero[1] - 1} before it are not the end of its prompt")
+        if not problems and _claims_exact(trace, c) and not _context_is(trace, offset, prompt):
+            problems.append(
+                f"the trace's {len(trace.prompt_ids) + offset} tokens before its sampled tokens are not "
+                f"its prompt of {len(prompt)} tokens, and the trace does not say so (context_exact)"
+            )
         return problems
 
     def _same_prompt(self, completion: Completion) -> list[Completion]:
@@ -202,7 +211,12 @@ class _Checker:
     ) -> None:
         c = self.completions[pos]
         self.placed[pos] = (ti, offset)
-        for problem in self._context_problems(trace, pos, prev, zero):
+        if not _claims_exact(trace, c) and not _context_is(trace, offset, c.prompt_ids):
+            self.notes.append(
+                f"trace {ti}: completion {c.completion_id!r} sits in a context other than its prompt, "
+                "as the trace says (context_exact: false)"
+            )
+        for problem in self._context_problems(trace, pos, prev, zero, offset):
             self.fail(
                 "context",
                 f"trace {ti}: completion {c.completion_id!r} at {offset}: {problem}",
@@ -284,6 +298,23 @@ class _Checker:
                     f"(index {c.index}) appear in no trace as trainable tokens",
                     completion_id=c.completion_id,
                 )
+
+
+def _claims_exact(trace: Trace, completion: Completion) -> bool:
+    """Whether ``trace`` says ``completion`` sits in its own prompt: the trace's ``context_exact``, else the entry for
+    it in ``metadata["context_exact"]`` (aligned with ``metadata["completion_ids"]``)."""
+    if trace.context_exact:
+        return True
+    ids, flags = trace.metadata.get("completion_ids"), trace.metadata.get("context_exact")
+    if not (isinstance(ids, list) and isinstance(flags, list) and len(ids) == len(flags)):
+        return False
+    return completion.completion_id in ids and flags[ids.index(completion.completion_id)] is True
+
+
+def _context_is(trace: Trace, offset: int, prompt: list[int]) -> bool:
+    """The trace's tokens before response position ``offset`` are ``prompt`` (given that ``prompt_ids`` start it)."""
+    base = len(trace.prompt_ids)
+    return base + offset == len(prompt) and trace.response_ids[:offset] == prompt[base:]
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int, int]]:
