@@ -73,6 +73,7 @@ class _Checker:
         self.notes: list[str] = []
         self.logprobs_checked = True
         self.placed: dict[int, tuple[int, int]] = {}  # completion position -> (trace, response offset)
+        self.in_context: dict[int, bool] = {}  # completion position -> the trace before it is exactly its prompt
         self.by_first: dict[int, list[int]] = defaultdict(list)
         for pos, c in enumerate(self.completions):
             if c.response_ids:
@@ -169,12 +170,14 @@ class _Checker:
                 )
                 return _REPORTED
             return None
-        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero, offset)]
+        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero, offset)[0]]
         return (consistent or unused)[0]
 
     def _context_problems(
         self, trace: Trace, pos: int, prev: int | None, zero: tuple[int, int] | None, offset: int
-    ) -> list[str]:
+    ) -> tuple[list[str], bool]:
+        """What is wrong with the context of completion ``pos`` placed at ``offset``, and whether the trace before it
+        is exactly its prompt."""
         c = self.completions[pos]
         prompt = c.prompt_ids
         problems = []
@@ -195,12 +198,28 @@ class _Checker:
             segment = trace.response_ids[zero[0] : zero[1]]
             if len(segment) > len(prompt) - base or prompt[len(prompt) - len(segment) :] != segment:
                 problems.append(f"the mask-0 tokens {zero[0]}..{zero[1] - 1} before it are not the end of its prompt")
-        if not problems and _claims_exact(trace, c) and not _context_is(trace, offset, prompt):
+        exact = not problems and self._in_context(trace, offset, pos, prev)
+        if not problems and not exact and _claims_exact(trace, c):
             problems.append(
                 f"the trace's {len(trace.prompt_ids) + offset} tokens before its sampled tokens are not "
                 f"its prompt of {len(prompt)} tokens, and the trace does not say so (context_exact)"
             )
-        return problems
+        return problems, exact
+
+    def _in_context(self, trace: Trace, offset: int, pos: int, prev: int | None) -> bool:
+        """The trace's tokens before response position ``offset`` are exactly the prompt of completion ``pos``, given
+        that the trace's ``prompt_ids`` start it and that it extends the prompt of ``prev`` (the completion placed
+        before it): then only the tokens since ``prev``'s need comparing (linear, not quadratic)."""
+        prompt = self.completions[pos].prompt_ids
+        base = len(trace.prompt_ids)
+        if base + offset != len(prompt):
+            return False
+        if prev is None:
+            return trace.response_ids[:offset] == prompt[base:]
+        if not self.in_context.get(prev, False):
+            return False  # the trace departed from the prompts before prev's tokens already
+        since = self.placed[prev][1]
+        return trace.response_ids[since:offset] == prompt[base + since :]
 
     def _same_prompt(self, completion: Completion) -> list[Completion]:
         prompt = completion.prompt_ids
@@ -211,12 +230,13 @@ class _Checker:
     ) -> None:
         c = self.completions[pos]
         self.placed[pos] = (ti, offset)
-        if not _claims_exact(trace, c) and not _context_is(trace, offset, c.prompt_ids):
+        problems, self.in_context[pos] = self._context_problems(trace, pos, prev, zero, offset)
+        if not problems and not self.in_context[pos]:
             self.notes.append(
                 f"trace {ti}: completion {c.completion_id!r} sits in a context other than its prompt, "
                 "as the trace says (context_exact: false)"
             )
-        for problem in self._context_problems(trace, pos, prev, zero, offset):
+        for problem in problems:
             self.fail(
                 "context",
                 f"trace {ti}: completion {c.completion_id!r} at {offset}: {problem}",
@@ -309,12 +329,6 @@ def _claims_exact(trace: Trace, completion: Completion) -> bool:
     if not (isinstance(ids, list) and isinstance(flags, list) and len(ids) == len(flags)):
         return False
     return completion.completion_id in ids and flags[ids.index(completion.completion_id)] is True
-
-
-def _context_is(trace: Trace, offset: int, prompt: list[int]) -> bool:
-    """The trace's tokens before response position ``offset`` are ``prompt`` (given that ``prompt_ids`` start it)."""
-    base = len(trace.prompt_ids)
-    return base + offset == len(prompt) and trace.response_ids[:offset] == prompt[base:]
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int, int]]:
