@@ -18,9 +18,9 @@ from tests.builders.helpers import (
     NL,
     SYSTEM,
     TASK_MESSAGES,
-    call,
     completion,
     decode_spans,
+    drifting_session,
     exact_session,
     three_turn_session,
     user_turn,
@@ -125,22 +125,6 @@ def test_a_tokens_mode_prompt_that_spliced_the_cut_reply_continues_it() -> None:
     wrong = comps[1].model_copy(update={"prompt_ids": [*p2, 310, 312, *p3[len(p2) + 2 :]]})
     assert chains(build_trajectory("prefix_merging", [comps[0], spliced(wrong, comps[0])],
                                    eos_token_id=IM_END)) == [["c1"], ["c2"]]  # fmt: skip
-
-
-def drifting_session() -> list[Completion]:
-    """Four turns: the second prompt holds the first reply exactly, the third re-renders the second's tool call
-    (sampled 311, rendered 399), the fourth holds the third reply exactly."""
-    p1 = [*SYSTEM, *user_turn(200), *GEN]
-    a1, a2, a3 = [300, IM_END], [310, 311, IM_END], [320, IM_END]
-    p2 = [*p1, *a1, NL, *user_turn(4), *GEN]
-    p3 = [*p2, 310, 399, IM_END, NL, *user_turn(5), *GEN]
-    p4 = [*p3, *a3, NL, *user_turn(6), *GEN]
-    answer2 = {"role": "assistant", "content": None, "tool_calls": [call("run", '{"a":1}')]}
-    m2 = [*TASK_MESSAGES, {"role": "assistant", "content": "answer 0"}, {"role": "user", "content": "4"}]
-    m3 = [*m2, {**answer2, "tool_calls": [call("run", '{"a": 1}')]}, {"role": "user", "content": "5"}]
-    m4 = [*m3, {"role": "assistant", "content": "answer 2"}, {"role": "user", "content": "6"}]
-    return [completion(0, p1, a1, messages=TASK_MESSAGES), completion(1, p2, a2, messages=m2, answer=answer2),
-            completion(2, p3, a3, messages=m3), completion(3, p4, [330, IM_END], messages=m4)]  # fmt: skip
 
 
 def test_prompt_prefix_marks_the_drifting_completion_and_its_successors() -> None:
