@@ -142,6 +142,7 @@ def make_trace(
     metadata: dict[str, Any],
     versions: PolicyVersions | None = None,
     role: RoleVerdict | None = None,
+    context_exact: bool = True,
 ) -> Trace:
     """A Trace from trusted, builder-made parts.
 
@@ -166,6 +167,7 @@ def make_trace(
         role=role.role if role is not None else None,
         role_reason=role.reason if role is not None else None,
         trainable=True,
+        context_exact=context_exact,
     )
 
 

@@ -33,7 +33,7 @@ class PerRequestBuilder(TraceBuilder):
             eot_ids = end_of_turn(cfg, self.name, context=context, completions=ordered).ids if ordered else frozenset()
         except BuildError:
             eot_ids = frozenset()
-        roles = completion_roles(partition(ordered, eot_ids), ordered, harness_adapter(meta["harness"]))
+        roles = completion_roles(partition(ordered, eot_ids, cfg.merge), ordered, harness_adapter(meta["harness"]))
         traces = []
         for c, role in zip(ordered, roles, strict=True):
             traces.append(
@@ -62,5 +62,6 @@ class PerRequestBuilder(TraceBuilder):
             "traces": len(traces),
             "trainable_tokens": sum(len(c.response_ids) for c in ordered),
             "missing_logprobs": sum(c.response_logprobs is None for c in ordered),
+            "context_inexact_completions": 0,  # each trace is its completion's own prompt and sampled ids
         }
         return finish(meta["session_id"], context.status, traces, stats)

@@ -1,14 +1,17 @@
 """``prefix_merging``: one token-faithful trace per prefix chain (paper section 3.4.2).
 
-Within a chain of completions ``c_1 .. c_K`` the trace is ``p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ ... ‖ a_K``:
+Within a chain of completions ``c_1 .. c_K`` (``chains.partition``, under the config's ``merge`` rule) the trace is
+``p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ ... ‖ a_K``:
 
-* ``a_m`` — the tokens ``c_m`` sampled, verbatim (loss mask 1, their sampled logprobs). The next prompt holds the
-  chat template's re-rendering of that turn, which may differ (re-serialized tool arguments, dropped reasoning);
-  training on the re-rendering would credit the policy with tokens it never sampled.
-* ``u_m`` — the canonical interstitial tokens: ``p_{m+1}`` after the first end-of-turn token that follows ``p_m``
-  (tool results, the next user turn, the generation prompt), loss mask 0 with placeholder logprob entries. When
-  ``a_m`` does not end with an end-of-turn token (a truncated response), ``u_m`` starts at that token instead, so
-  the template's closing of the turn is kept, untrained.
+* ``a_m`` — the tokens ``c_m`` sampled, verbatim (loss mask 1, their sampled logprobs).
+* ``u_m`` — the interstitial tokens of ``p_{m+1}`` (tool results, the next user turn, the generation prompt), loss
+  mask 0 with placeholder logprob entries. Under ``merge: exact`` (the default) ``p_{m+1}`` starts with
+  ``p_m ‖ a_m``, so ``u_m`` is the rest of it and the trace before each ``a_m`` is exactly ``p_m``. Under
+  ``merge: prompt_prefix`` ``p_{m+1}`` holds the chat template's re-rendering of ``a_m``, which may differ
+  (re-serialized tool arguments, dropped reasoning); ``u_m`` starts after the first end-of-turn token that follows
+  ``p_m`` (at it, when ``a_m`` was cut before one, so the template's closing is kept, untrained). Where the
+  re-rendering differed, the later completions of the chain sit in a context they were not sampled in: the trace
+  says so (``Trace.context_exact`` and, per completion, ``metadata["context_exact"]``).
 
 Unlike the reference implementation, a completion that fails the prefix check is never dropped or truncated: it
 starts (or later continues) another chain, so every sampled token lands in exactly one trace. Each trace records its
@@ -53,15 +56,16 @@ class PrefixMergingBuilder(TraceBuilder):
         meta = base_metadata(context, ordered, self.name)
         if eot is not None:
             meta["end_of_turn_source"] = eot.source
-        parts = partition(ordered, eot_ids)
+        parts = partition(ordered, eot_ids, cfg.merge)
         roles = chain_roles(parts, ordered, harness_adapter(meta["harness"]))
         traces = [
-            merge_chain(i, chain, ordered, eot_ids, meta, role)
+            merge_chain(i, chain, ordered, meta, role)
             for i, (chain, role) in enumerate(zip(parts.chains, roles, strict=True))
         ]
         causes = Counter(b.cause for b in parts.breaks)
         stats = {
             "builder": self.name,
+            "merge": cfg.merge,
             "end_of_turn_ids": sorted(eot_ids),
             "end_of_turn_source": eot.source if eot is not None else None,
             "completions": len(ordered),
@@ -71,6 +75,7 @@ class PrefixMergingBuilder(TraceBuilder):
             "chain_roles": [role.role for role in roles],
             "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
             "interstitial_tokens": sum(len(t.loss_mask) - sum(t.loss_mask) for t in traces),
+            "context_inexact_completions": sum(t.metadata["context_exact"].count(False) for t in traces),
             "prefix_breaks": len(parts.breaks),
             "prefix_break_causes": {cause: causes[cause] for cause in BREAK_CAUSES if causes[cause]},
             "breaks": [b.as_dict() for b in parts.breaks],
@@ -82,11 +87,10 @@ def merge_chain(
     number: int,
     chain: Chain,
     ordered: list[Completion],
-    eot_ids: frozenset[int],
     meta: dict[str, Any],
     role: RoleVerdict | None = None,
 ) -> Trace:
-    """The trace ``p_1 ‖ a_1 ‖ u_1 ‖ ... ‖ a_K`` of one chain."""
+    """The trace ``p_1 ‖ a_1 ‖ u_1 ‖ ... ‖ a_K`` of one chain, with whether each ``a_m`` follows exactly ``p_m``."""
     members = [ordered[pos] for pos in chain.members]
     first, last = members[0], members[-1]
     response_ids: list[int] = []
@@ -94,6 +98,7 @@ def merge_chain(
     with_logprobs = all(c.response_logprobs is not None for c in members)
     entries: list[TokenLogprob] | None = [] if with_logprobs else None
     starts: list[int] = []
+    exact = [True]  # the first completion's context is its own prompt
     for k, c in enumerate(members):
         sampled = c.response_ids
         starts.append(len(response_ids))
@@ -103,8 +108,12 @@ def merge_chain(
             entries += sampled_entries(c)
         if k + 1 == len(members):
             break
-        closed = bool(sampled) and sampled[-1] in eot_ids
-        interstitial = members[k + 1].prompt_ids[chain.eot_positions[k] + (1 if closed else 0) :]
+        following = members[k + 1].prompt_ids
+        resume = chain.resume[k]
+        # the trace so far is p_k ‖ a_k when c was exact; it goes on with following[resume:], so the next completion's
+        # context is its prompt exactly when the ids its prompt holds for this turn are the ones c sampled
+        exact.append(exact[-1] and following[len(c.prompt_ids) : resume] == sampled)
+        interstitial = following[resume:]
         response_ids += interstitial
         loss_mask += [0] * len(interstitial)
         if entries is not None:
@@ -127,8 +136,10 @@ def merge_chain(
             "chain": number,
             "completion_ids": [c.completion_id for c in members],
             "completion_indices": [c.index for c in members],
+            "context_exact": exact,
             "token_source": "retokenized" if any(c.token_source == "retokenized" for c in members) else "backend",
         },
         versions=policy_versions(members, starts),
         role=role,
+        context_exact=all(exact),
     )

@@ -11,7 +11,9 @@ It knows nothing about how a builder works. Given a trajectory and the completio
 * the context is the one the tokens were sampled in: a trace's ``prompt_ids`` start every prompt of the completions
   placed in it, and consecutive completions in a trace are in capture order with strictly extending prompts, the
   later one's history not demonstrably holding a sibling branch's response instead of the earlier one's
-  (``evidence.continues``);
+  (``evidence.continues``); and the trace's tokens before each completion's sampled tokens are exactly its prompt,
+  unless the trace says they are not (``context_exact`` false on the trace, and false for that completion in its
+  ``metadata["context_exact"]`` where it has one: built with ``merge: prompt_prefix``, they are then a note);
 * a trace's ``policy_versions`` cover the version of every completion placed in it (none where they recorded none).
 """
 
@@ -71,6 +73,7 @@ class _Checker:
         self.notes: list[str] = []
         self.logprobs_checked = True
         self.placed: dict[int, tuple[int, int]] = {}  # completion position -> (trace, response offset)
+        self.in_context: dict[int, bool] = {}  # completion position -> the trace before it is exactly its prompt
         self.by_first: dict[int, list[int]] = defaultdict(list)
         for pos, c in enumerate(self.completions):
             if c.response_ids:
@@ -167,10 +170,14 @@ class _Checker:
                 )
                 return _REPORTED
             return None
-        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero)]
+        consistent = [pos for pos in unused if not self._context_problems(trace, pos, prev, zero, offset)[0]]
         return (consistent or unused)[0]
 
-    def _context_problems(self, trace: Trace, pos: int, prev: int | None, zero: tuple[int, int] | None) -> list[str]:
+    def _context_problems(
+        self, trace: Trace, pos: int, prev: int | None, zero: tuple[int, int] | None, offset: int
+    ) -> tuple[list[str], bool]:
+        """What is wrong with the context of completion ``pos`` placed at ``offset``, and whether the trace before it
+        is exactly its prompt."""
         c = self.completions[pos]
         prompt = c.prompt_ids
         problems = []
@@ -191,7 +198,28 @@ class _Checker:
             segment = trace.response_ids[zero[0] : zero[1]]
             if len(segment) > len(prompt) - base or prompt[len(prompt) - len(segment) :] != segment:
                 problems.append(f"the mask-0 tokens {zero[0]}..{zero[1] - 1} before it are not the end of its prompt")
-        return problems
+        exact = not problems and self._in_context(trace, offset, pos, prev)
+        if not problems and not exact and _claims_exact(trace, c):
+            problems.append(
+                f"the trace's {len(trace.prompt_ids) + offset} tokens before its sampled tokens are not "
+                f"its prompt of {len(prompt)} tokens, and the trace does not say so (context_exact)"
+            )
+        return problems, exact
+
+    def _in_context(self, trace: Trace, offset: int, pos: int, prev: int | None) -> bool:
+        """The trace's tokens before response position ``offset`` are exactly the prompt of completion ``pos``, given
+        that the trace's ``prompt_ids`` start it and that it extends the prompt of ``prev`` (the completion placed
+        before it): then only the tokens since ``prev``'s need comparing (linear, not quadratic)."""
+        prompt = self.completions[pos].prompt_ids
+        base = len(trace.prompt_ids)
+        if base + offset != len(prompt):
+            return False
+        if prev is None:
+            return trace.response_ids[:offset] == prompt[base:]
+        if not self.in_context.get(prev, False):
+            return False  # the trace departed from the prompts before prev's tokens already
+        since = self.placed[prev][1]
+        return trace.response_ids[since:offset] == prompt[base + since :]
 
     def _same_prompt(self, completion: Completion) -> list[Completion]:
         prompt = completion.prompt_ids
@@ -202,7 +230,13 @@ class _Checker:
     ) -> None:
         c = self.completions[pos]
         self.placed[pos] = (ti, offset)
-        for problem in self._context_problems(trace, pos, prev, zero):
+        problems, self.in_context[pos] = self._context_problems(trace, pos, prev, zero, offset)
+        if not problems and not self.in_context[pos]:
+            self.notes.append(
+                f"trace {ti}: completion {c.completion_id!r} sits in a context other than its prompt, "
+                "as the trace says (context_exact: false)"
+            )
+        for problem in problems:
             self.fail(
                 "context",
                 f"trace {ti}: completion {c.completion_id!r} at {offset}: {problem}",
@@ -284,6 +318,17 @@ class _Checker:
                     f"(index {c.index}) appear in no trace as trainable tokens",
                     completion_id=c.completion_id,
                 )
+
+
+def _claims_exact(trace: Trace, completion: Completion) -> bool:
+    """Whether ``trace`` says ``completion`` sits in its own prompt: the trace's ``context_exact``, else the entry for
+    it in ``metadata["context_exact"]`` (aligned with ``metadata["completion_ids"]``)."""
+    if trace.context_exact:
+        return True
+    ids, flags = trace.metadata.get("completion_ids"), trace.metadata.get("context_exact")
+    if not (isinstance(ids, list) and isinstance(flags, list) and len(ids) == len(flags)):
+        return False
+    return completion.completion_id in ids and flags[ids.index(completion.completion_id)] is True
 
 
 def _segments(mask: list[int]) -> list[tuple[int, int, int]]:

@@ -177,6 +177,12 @@ def verify_command(
         verdict = "ok" if ok else "FAILED"
         if not ok and recompute_logprobs and report.failed:
             verdict += f": {len(report.failed)} trace(s) failed, worst {report.failed[0]}"
+            if inexact := report.failed_context_inexact:
+                verdict += (
+                    f"; {len(inexact)} of them say context_exact: false: built with the builder's merge: "
+                    "prompt_prefix, their later turns follow the history as re-rendered, not as the model sampled "
+                    "it (the default merge: exact builds traces whose context is exact)"
+                )
         stdout_console().print(verdict, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(0 if ok else 1)
 

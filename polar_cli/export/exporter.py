@@ -76,6 +76,8 @@ class ExportReport:
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
     """config -> split -> rows written."""
     files: list[Path] = field(default_factory=list)
+    context_inexact: int = 0
+    """``traces`` rows written with ``context_exact`` false (built with ``merge: prompt_prefix``)."""
 
 
 @dataclass
@@ -149,7 +151,7 @@ def trace_rows(row: ResultRow, info: TaskInfo, result: dict[str, Any],
         yield {
             **ids, "chain_index": chain, "finish_reason": trace.get("finish_reason"), **columns,
             "policy_versions": trace.get("policy_versions"), "role": trace.get("role"),
-            "trainable": trace.get("trainable", True),
+            "trainable": trace.get("trainable", True), "context_exact": trace.get("context_exact", True),
             "metadata": orjson.dumps(metadata, option=orjson.OPT_NON_STR_KEYS).decode(),
         }, len(columns["prompt_ids"]) + len(columns["response_ids"])  # fmt: skip
 
@@ -255,6 +257,7 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
         partner = {key: pair for pair in plan.pairs for key in (pair.chosen, pair.rejected)}
         waiting: dict[Key, dict[str, Any]] = {}  # messages rows of paired sessions whose partner is not read yet
         info: TaskInfo | None = None
+        report = ExportReport(out=to)
         for done, (row, blob, tokens) in enumerate(ledger.export_results(streamed), 1):
             key = (row.task_id, row.sample_index)
             if info is None or info.task_id != row.task_id:
@@ -265,6 +268,7 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
                 traces = writer("traces", split)
                 for values, count in trace_rows(row, info, result, tokens):
                     traces.add(values, count)
+                    report.context_inexact += values["context_exact"] is False
                 writer("messages", split).add(messages)
             if (pair := partner.get(key)) is not None:
                 waiting[key] = messages
@@ -273,14 +277,14 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
                     writer("preferences", plan.split[pair.chosen]).add(preference)
             progress(writing, done, len(streamed))
         progress("writing the dataset card", 0, 0)
-        report = ExportReport(out=to)
         for w in writers.values():
             w.close()
             report.rows.setdefault(w.config, {})[w.split] = w.rows
         exported = [r for r in plan.rows if (r.task_id, r.sample_index) in plan.split]
         card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(
             replace(r, group=plan.strata.get(r.task_id, "-")) for r in plan.rows), group_by=options.stratify_by,
-            per_split=split_counts(exported, plan), source=str(source), filters=options.describe())  # fmt: skip
+            per_split=split_counts(exported, plan), source=str(source), filters=options.describe(),
+            context_inexact=report.context_inexact)  # fmt: skip
         (staging / "README.md").write_text(card, encoding="utf-8")
     if to.exists():
         shutil.rmtree(to) if to.is_dir() else to.unlink()

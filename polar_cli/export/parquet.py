@@ -44,7 +44,7 @@ TRACES = pa.schema([
     *IDS, ("chain_index", pa.int32()), ("finish_reason", pa.string()),
     ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
     ("response_logprobs", pa.list_(pa.float64())), ("policy_versions", POLICY_VERSIONS), ("role", pa.string()),
-    ("trainable", pa.bool_()), ("metadata", pa.string()),
+    ("trainable", pa.bool_()), ("context_exact", pa.bool_()), ("metadata", pa.string()),
 ])  # fmt: skip
 TEST_STATUS = pa.struct([("test", pa.string()), ("status", pa.string())])
 GRADE = pa.struct([

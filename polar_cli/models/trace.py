@@ -84,6 +84,12 @@ class Trace(BaseModel):
     trainable: bool = True
     """False when the task's reward assignment gives this trace no reward (by default: ``side`` traces): kept for
     inspection, but a trainer adapter must not train on it."""
+    context_exact: bool = True
+    """False when some of its sampled tokens sit in a context other than the prompt they were sampled under (built
+    with ``prefix_merging``'s ``merge: prompt_prefix``, where the chat template re-rendered an earlier turn otherwise
+    than sampled; ``metadata["context_exact"]`` says which completions): a trainer's recomputed logprobs on it are
+    not those of the behaviour policy. Traces built before the flag existed read back True, whatever rule built
+    them."""
 
     @model_validator(mode="after")
     def _invariants(self) -> Trace:

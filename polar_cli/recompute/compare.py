@@ -7,7 +7,8 @@ logprob of token ``t`` comes from the logits at ``t - 1``. Per token, Δ = recor
 the k3 estimator over the sampled tokens, ``mean(exp(r) - 1 - r)`` with ``r = recomputed - recorded``: an unbiased
 estimate of KL(behaviour ‖ recomputed) from samples of the behaviour policy. A trace fails when its mean |Δ| is above
 the tolerance, or when it cannot be compared token for token (e.g. ``response_logprobs`` not aligned with
-``response_ids``: the ids were rebuilt from text).
+``response_ids``: the ids were rebuilt from text). A failed trace that says ``context_exact: false`` (built with
+``merge: prompt_prefix``) has its reason say so: its tokens were scored in a context they were not sampled in.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from polar_cli.recompute.structure import StructuralReport, check_structure
 
 KL_ESTIMATOR = "k3: mean(exp(r) - 1 - r), r = recomputed - recorded logprob over the sampled tokens"
 WORST = 10
+INEXACT = ("context_exact: false (built with merge: prompt_prefix: its context is not the one its tokens were "
+           "sampled in)")  # fmt: skip
 
 
 class DeltaStats(BaseModel):
@@ -50,6 +53,7 @@ class TraceDelta(BaseModel):
     max_abs_dlogprob: float | None = None
     kl: float | None = None
     worst_position: int | None = Field(default=None, description="index into response_ids of the largest |Δ|")
+    context_exact: bool = Field(default=True, description="the trace's flag (false: built with merge: prompt_prefix)")
     reason: str | None = None
 
 
@@ -70,6 +74,9 @@ class RecomputeReport(BaseModel):
     by_version: dict[str, DeltaStats] = Field(description="by policy version ('-': none recorded)")
     worst: list[TraceDelta] = Field(description="failed traces first, then the largest mean |Δ| (at most 10)")
     failed: list[str] = Field(default_factory=list, description="refs of every failed trace")
+    failed_context_inexact: list[str] = Field(
+        default_factory=list, description="refs of the failed traces that say context_exact: false"
+    )
     structural: StructuralReport
     skipped: list[str] = Field(default_factory=list, description="traces with nothing to compare, and why")
     warnings: list[str] = Field(default_factory=list)
@@ -257,7 +264,8 @@ def recompute(
     results: list[TraceDelta] = []
     for plan in plans:
         loaded = plan.loaded
-        row = TraceDelta(ref=loaded.ref, harness=loaded.harness, role=loaded.role, reason=plan.reason)
+        row = TraceDelta(ref=loaded.ref, harness=loaded.harness, role=loaded.role, reason=plan.reason,
+                         context_exact=loaded.trace.context_exact)  # fmt: skip
         if plan.reason is None and plan.recomputed:
             entries = loaded.trace.response_logprobs or []
             deltas = {i: entries[i]["logprob"] - r for i, r in plan.recomputed.items()}
@@ -281,6 +289,8 @@ def recompute(
                 key = "-" if version is None else str(version)
                 by_version.setdefault(key, _Sums()).traces += 1
                 by_version[key].add([d for i, d in finite.items() if plan.versions[i] == version])
+        if row.reason is not None and not row.context_exact:
+            row.reason += f"; {INEXACT}"
         if row.reason is not None or row.tokens:
             results.append(row)
     failed = [r for r in results if r.reason is not None]
@@ -293,6 +303,7 @@ def recompute(
         tolerance=tolerance, by_harness={k: s.stats() for k, s in sorted(by_harness.items())},
         by_role={k: s.stats() for k, s in sorted(by_role.items())}, by_version={k: s.stats() for k, s in
         by_version.items()}, worst=[*failed, *passed][:WORST], failed=[r.ref for r in failed],
+        failed_context_inexact=[r.ref for r in failed if not r.context_exact],
         structural=structural, skipped=skipped, warnings=warnings,
         models={"*" if v is None else str(v): str(p) for v, p in models.items()},
     )  # fmt: skip

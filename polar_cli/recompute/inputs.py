@@ -124,7 +124,7 @@ def _dataset(path: Path) -> list[LoadedTrace]:
                 "prompt_ids": row["prompt_ids"], "response_ids": ids, "loss_mask": row["loss_mask"],
                 "response_logprobs": entries, "finish_reason": row.get("finish_reason"), "metadata": meta,
                 "policy_versions": row.get("policy_versions"), "role": row.get("role"),
-                "trainable": row.get("trainable") is not False,
+                "trainable": row.get("trainable") is not False, "context_exact": row.get("context_exact") is not False,
             }  # fmt: skip
             trace, problems = _lenient_trace(data)
             session_id, task_id, index = row.get("session_id"), row.get("task_id"), row.get("chain_index") or 0

@@ -10,6 +10,9 @@ The rules (docs/trainers.md, TRAINERS.md):
   ``cancelled`` and ``no_model_call`` sessions give no sample.
 - Logprobs: one float per response token; mask-0 tokens get 0.0, and a mask-1 token without a finite logprob is a
   :class:`~polar_cli.errors.MissingLogprobError` naming the session and the position.
+- Context: ``Trace.context_exact`` goes with every sample (false for a trace built with ``merge: prompt_prefix``
+  whose later turns sit in a re-rendered context: recomputed logprobs there are not the behaviour policy's), where
+  each trainer keeps per-sample extras.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class TraceSample:
             "session_status": self.session_status,
             "status": self.status,
             "group_id": self.group_id,
+            "context_exact": self.trace.context_exact,
         }
 
 

@@ -9,8 +9,8 @@ and normalized per run of ``num_generations`` rows, so each group must give exac
 row. The logprobs enter the loss only with vLLM importance-sampling correction.
 
 Polar's output adds ``polar_reward`` (each sample's ``Trace.reward``; None where it has none, which TRL treats as
-unscorable) for :func:`polar_reward_func`, and ``polar_session_id`` / ``polar_status``. TRL has no status field:
-FAILED samples get a zero ``env_mask``.
+unscorable) for :func:`polar_reward_func`, and ``polar_session_id`` / ``polar_status`` / ``polar_context_exact``
+(``Trace.context_exact``). TRL has no status field: FAILED samples get a zero ``env_mask``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class TrlRolloutOutput:
     polar_reward: list[float | None] = field(default_factory=list)
     polar_session_id: list[str | None] = field(default_factory=list)
     polar_status: list[SampleStatus] = field(default_factory=list)
+    polar_context_exact: list[bool] = field(default_factory=list)
 
     def to_kwargs(self) -> dict[str, Any]:
         """What ``rollout_func`` returns."""
@@ -67,6 +68,7 @@ def trl_rollout(groups: Sequence[Source], *, num_generations: int, traces: Trace
             out.polar_reward.append(sample.reward)
             out.polar_session_id.append(sample.session_id)
             out.polar_status.append(sample.status)
+            out.polar_context_exact.append(sample.trace.context_exact)
     return out
 
 

@@ -131,18 +131,25 @@ class Simulator:
         self.parent[completion.completion_id] = parent.completion_id if parent else None
         return completion, message
 
-    def expected_chains(self) -> list[list[str]]:
+    def expected_chains(self, *, exact: bool = False) -> list[list[str]]:
         """The oracle: a call continues its parent's chain when the parent still ends that chain and the rendered
-        prompt *text* strictly extends the parent's (ties between parallel branches resolved by ground truth)."""
+        prompt *text* strictly extends the parent's (ties between parallel branches resolved by ground truth); with
+        ``exact``, when instead the parent's reply was not cut and the prompt ids start with the parent's prompt and
+        sampled ids."""
         chains: list[list[str]] = []
         chain_of: dict[str, int] = {}
+        by_id = {c.completion_id: c for c in self.completions}
         for c in self.completions:
             cid = c.completion_id
             parent = self.parent[cid]
             text, before = self.prompt_text[cid], self.prompt_text.get(parent or "", "")
-            if parent is not None and chains[chain_of[parent]][-1] == parent and (
-                len(text) > len(before) and text.startswith(before)
-            ):
+            if exact and parent is not None:
+                p = by_id[parent]
+                head = p.prompt_ids + p.response_ids
+                continued = p.finish_reason != "length" and c.prompt_ids[: len(head)] == head
+            else:
+                continued = len(text) > len(before) and text.startswith(before)
+            if parent is not None and chains[chain_of[parent]][-1] == parent and continued:
                 chain_of[cid] = chain_of[parent]
                 chains[chain_of[cid]].append(cid)
             else:

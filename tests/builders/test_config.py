@@ -63,7 +63,9 @@ def test_an_empty_id_list_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="eos_token_id"):
         build_trajectory("prefix_merging", three_turn_session(), eos_token_id=[])
-    assert build_trajectory("prefix_merging", three_turn_session(), eos_token_id=[IM_END]).metadata["chains"] == 1
+    # the paper's rule finds where each turn closed by the id: one chain only with the right one
+    merged = build_trajectory("prefix_merging", three_turn_session(), eos_token_id=[IM_END], merge="prompt_prefix")
+    assert merged.metadata["chains"] == 1
 
 
 def vllm_completion(name: str, index: int) -> Completion:

@@ -33,8 +33,11 @@ def test_without_contrary_evidence_the_prefix_rule_holds() -> None:
     b = completion(1, [*P, 399, IM_END, *user_turn(5), *GEN], [330, IM_END],
                    messages=[*TASK, {"role": "assistant", "content": "A, reworded"}, {"role": "user", "content": "5"}])
     assert continues(a, b, frozenset([IM_END]), lambda: [a])
-    traj = build_trajectory("prefix_merging", [a, b], eos_token_id=IM_END)
+    traj = build_trajectory("prefix_merging", [a, b], eos_token_id=IM_END, merge="prompt_prefix")
     assert traj.metadata["chains"] == 1 and verify(traj, [a, b]).ok
+    # b's prompt holds 399 where a sampled 310: the exact rule does not continue a, and says the history changed
+    exact = build_trajectory("prefix_merging", [a, b], eos_token_id=IM_END)
+    assert exact.metadata["chains"] == 2 and exact.metadata["prefix_break_causes"] == {"history_rewritten": 1}
 
 
 def test_a_sibling_replayed_by_message_only_blocks_the_merge() -> None:
@@ -45,6 +48,11 @@ def test_a_sibling_replayed_by_message_only_blocks_the_merge() -> None:
                    messages=[*TASK, {"role": "assistant", "content": "A"}, {"role": "user", "content": "5"}])
     assert continues(a, c, frozenset([IM_END]), lambda: [a, b])
     assert not continues(b, c, frozenset([IM_END]), lambda: [a, b])
-    traj = build_trajectory("prefix_merging", [a, b, c], eos_token_id=IM_END)
+    traj = build_trajectory("prefix_merging", [a, b, c], eos_token_id=IM_END, merge="prompt_prefix")
     assert [t.metadata["completion_ids"] for t in traj.traces] == [["c0", "c2"], ["c1"]]
     assert verify(traj, [a, b, c]).ok
+    # the exact rule continues neither (399 was never sampled); the break names the sibling's branch
+    exact = build_trajectory("prefix_merging", [a, b, c], eos_token_id=IM_END)
+    assert [t.metadata["completion_ids"] for t in exact.traces] == [["c0"], ["c1"], ["c2"]]
+    assert [b["cause"] for b in exact.metadata["breaks"]] == ["same_prompt", "other_branch"]
+    assert verify(exact, [a, b, c]).ok

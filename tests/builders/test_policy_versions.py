@@ -8,14 +8,14 @@ from pathlib import Path
 from polar_cli.builders import build_trajectory, verify
 from polar_cli.models import Completion, PolicyVersions, SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.models.inference import VersionSpan
-from tests.builders.helpers import IM_END, three_turn_session
+from tests.builders.helpers import IM_END, exact_session, three_turn_session
 
 
 def versioned(versions: list[int | None], *, crossed: int | None = None) -> list[Completion]:
-    """The three-turn session, completion k sampled under ``versions[k]``; with ``crossed``, that completion's
-    last token came from the next version (a call that crossed an update)."""
+    """The exact three-turn session (one chain), completion k sampled under ``versions[k]``; with ``crossed``, that
+    completion's last token came from the next version (a call that crossed an update)."""
     comps = []
-    for k, c in enumerate(three_turn_session()):
+    for k, c in enumerate(exact_session()):
         update: dict[str, object] = {"policy_version": versions[k]}
         if k == crossed:
             version = versions[k]
@@ -124,6 +124,6 @@ def test_export_writes_policy_versions_per_trace(tmp_path: Path) -> None:
     rows = table.to_pylist()
     assert [r["policy_version"] for r in rows] == ["7"] * 4  # the task's own label stays as it was
     assert rows[0]["policy_versions"] == {"oldest": 1, "newest": 1, "per_completion": [1], "spans": None}
-    spans = [{"start": 0, "version": 2}, {"start": 1, "version": 3}]
+    spans = [{"start": 0, "version": 2}, {"start": 2, "version": 3}]  # the crossed call's last (third) token
     assert rows[1]["policy_versions"] == {"oldest": 2, "newest": 3, "per_completion": [2], "spans": spans}
     assert rows[3]["policy_versions"] is None

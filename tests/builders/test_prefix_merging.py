@@ -16,16 +16,17 @@ from tests.builders.helpers import (
     USER,
     completion,
     decode_spans,
+    exact_session,
     three_turn_session,
     user_turn,
 )
 from tests.conftest import shared_fixture
 
 
-def test_three_turn_session_merges_into_one_hand_checked_trace() -> None:
+def test_three_turn_session_merges_into_one_hand_checked_trace_under_the_papers_rule() -> None:
     comps = three_turn_session()
     context = BuildContext(session_id="s1", task_id="t1")
-    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, context=context)
+    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, context=context, merge="prompt_prefix")
     assert traj.metadata["chains"] == traj.metadata["traces"] == 1
     (trace,) = traj.traces
     assert trace.prompt_ids == comps[0].prompt_ids
@@ -48,6 +49,9 @@ def test_three_turn_session_merges_into_one_hand_checked_trace() -> None:
     assert trace.finish_reason == "stop"
     assert trace.metadata["completion_ids"] == ["c0", "c1", "c2"]
     assert traj.metadata["trainable_tokens"] == 8 and traj.metadata["interstitial_tokens"] == 22
+    # a2 follows the sampled a1 where its prompt held the re-rendering: neither it nor a3 is in its own context
+    assert trace.metadata["context_exact"] == [True, False, False] and not trace.context_exact
+    assert traj.metadata["merge"] == "prompt_prefix" and traj.metadata["context_inexact_completions"] == 2
     # The trace validates as a Trace (the builder skips the per-token loop, the model still accepts it).
     Trace.model_validate(trace.model_dump())
     assert verify(traj, comps).ok
@@ -225,13 +229,13 @@ def test_empty_session_and_status() -> None:
 
 
 def test_completions_are_taken_in_capture_order_and_verify_flag_runs() -> None:
-    comps = three_turn_session()
+    comps = exact_session()
     traj = build_trajectory("prefix_merging", comps[::-1], eos_token_id=IM_END, verify=True)
     assert traj.traces[0].metadata["completion_indices"] == [0, 1, 2]
 
 
 def test_missing_logprobs_give_a_trace_without_logprobs() -> None:
-    comps = three_turn_session()
+    comps = exact_session()
     comps[1] = comps[1].model_copy(update={"response_logprobs": None})
     traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
     assert traj.traces[0].response_logprobs is None
@@ -253,8 +257,14 @@ def test_an_empty_response_keeps_the_template_close_untrained() -> None:
     p3 = [*p2, 320, IM_END, NL, *user_turn(8), *GEN]
     comps = [completion(0, p1, [], logprobs=[], finish="length"), completion(1, p2, [320, IM_END]),
              completion(2, p3, [330, IM_END])]
-    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, merge="prompt_prefix")
     (trace,) = traj.traces
     assert decode_spans(trace) == [(0, [IM_END, NL, *user_turn(7), *GEN]), (1, [320, IM_END]),
                                    (0, [NL, *user_turn(8), *GEN]), (1, [330, IM_END])]
+    assert trace.context_exact  # the empty reply re-rendered as nothing: every context is the prompt
     assert verify(traj, comps).ok
+    # the exact rule does not continue a cut reply (messages mode): the empty one stays alone
+    exact = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    assert [t.metadata["completion_ids"] for t in exact.traces] == [["c0"], ["c1", "c2"]]
+    assert exact.metadata["prefix_break_causes"] == {"truncated_reply": 1}
+    assert verify(exact, comps).ok

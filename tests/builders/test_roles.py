@@ -14,7 +14,7 @@ from polar_cli.groups import session_cause
 from polar_cli.interfaces.harness import Harness, HarnessContext, HarnessLaunch, RoleVerdict, system_prompt
 from polar_cli.models import ChainRole, Completion, SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.registry import get_harness
-from tests.builders.helpers import GEN, IM_END, IM_START, NL, completion, three_turn_session, user_turn
+from tests.builders.helpers import GEN, IM_END, IM_START, NL, completion, exact_session, three_turn_session, user_turn
 
 MEMORY_PROMPT = "You are now acting as the managed memory extraction subagent for an AI coding assistant."
 
@@ -36,7 +36,7 @@ def roles(trajectory: Trajectory) -> list[tuple[str | None, str | None]]:
 
 @pytest.mark.parametrize("strategy", ["prefix_merging", "per_request"])
 def test_the_first_chain_is_main_and_qwen_codes_memory_agent_is_side(strategy: str) -> None:
-    session = [*three_turn_session(), new_context(3, MEMORY_PROMPT)]
+    session = [*exact_session(), new_context(3, MEMORY_PROMPT)]
     traj = build_trajectory(strategy, session, context=BuildContext(harness="qwen_code"), eos_token_id=IM_END)
     got = [t.role for t in traj.traces]
     assert got == (["main", "side"] if strategy == "prefix_merging" else ["main", "main", "main", "side"])
@@ -48,7 +48,7 @@ def test_the_first_chain_is_main_and_qwen_codes_memory_agent_is_side(strategy: s
 
 
 def test_an_unrecognised_new_context_is_a_subagent_and_a_retry_keeps_its_chains_role() -> None:
-    main = three_turn_session()
+    main = exact_session()
     retry = main[0].model_copy()  # the same prompt again: a retried call of the main conversation
     session = renumbered([main[0], new_context(1, "You are a sub-agent: search the code."), retry, *main[1:]])
     traj = build_trajectory("prefix_merging", session, context=BuildContext(harness="qwen_code"), eos_token_id=IM_END)
@@ -59,7 +59,7 @@ def test_an_unrecognised_new_context_is_a_subagent_and_a_retry_keeps_its_chains_
 
 def test_a_side_call_before_the_main_conversation_leaves_main_to_the_next_chain() -> None:
     title = new_context(0, "Generate a concise, sentence-case title (3-7 words) for this session.")
-    session = renumbered([title, *three_turn_session()])
+    session = renumbered([title, *exact_session()])
     traj = build_trajectory("prefix_merging", session, context=BuildContext(harness="qwen_code"), eos_token_id=IM_END)
     assert roles(traj) == [
         ("side", "qwen_code: a session title call (its system prompt)"),
@@ -68,20 +68,24 @@ def test_a_side_call_before_the_main_conversation_leaves_main_to_the_next_chain(
 
 
 def test_without_a_known_harness_the_builder_decides_alone() -> None:
-    session = [*three_turn_session(), new_context(3, MEMORY_PROMPT)]
+    session = [*exact_session(), new_context(3, MEMORY_PROMPT)]
     for context in (BuildContext(), BuildContext(harness="not-installed")):
         traj = build_trajectory("prefix_merging", session, context=context, eos_token_id=IM_END)
         assert [t.role for t in traj.traces] == ["main", "subagent"]
 
 
 def test_per_request_without_end_of_turn_ids_still_finds_each_calls_chain() -> None:
-    """No eos id and completions that disagree on their last token: every call is its own chain, each continuing the
-    one before it (``no_end_of_turn``), so the roles are those of the merged chains."""
-    session = [*three_turn_session(), new_context(3, MEMORY_PROMPT)]
+    """No eos id and completions that disagree on their last token: the exact rule needs none to see that each prompt
+    holds the ids sampled before it (one chain); under the paper's rule every call is its own chain, each continuing
+    the one before it (``no_end_of_turn``). Either way the roles are those of the merged chains."""
+    session = [*exact_session(), new_context(3, MEMORY_PROMPT)]
     session[2] = session[2].model_copy(update={"response_ids": [320, 321], "response_logprobs": [-2.0, -0.1]})
     traj = build_trajectory("per_request", session, context=BuildContext(harness="qwen_code"))
     assert [t.role for t in traj.traces] == ["main", "main", "main", "side"]
-    assert traj.traces[1].role_reason == "continues chain 0 (main) after a no_end_of_turn break"
+    assert traj.traces[1].role_reason == "the session's first chain"
+    loose = build_trajectory("per_request", session, context=BuildContext(harness="qwen_code"), merge="prompt_prefix")
+    assert [t.role for t in loose.traces] == ["main", "main", "main", "side"]
+    assert loose.traces[1].role_reason == "continues chain 0 (main) after a no_end_of_turn break"
 
 
 class _Marked(Harness):
@@ -101,7 +105,7 @@ def test_an_adapter_can_classify_by_any_evidence_of_the_first_call() -> None:
     from polar_cli.builders.roles import chain_roles
 
     side = new_context(3, "anything").model_copy(update={"request": {"side": True}})
-    session = [*three_turn_session(), side]
+    session = [*exact_session(), side]
     parts = partition(session, frozenset({IM_END}))
     assert chain_roles(parts, session, _Marked()) == [
         RoleVerdict("main", "the session's first chain"),

@@ -13,7 +13,9 @@ from tests.builders.helpers import GEN, IM_END, SYSTEM, SYSTEM_MESSAGE, completi
 
 
 def merged(comps: list[Completion]) -> Trajectory:
-    return build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    """Under the paper's rule, so that the three-turn session is one trace holding every shape the checks are about
+    (a re-rendered tool call, a truncated reply); the trace says it is not context-exact."""
+    return build_trajectory("prefix_merging", comps, eos_token_id=IM_END, merge="prompt_prefix")
 
 
 def edit(traj: Trajectory, change: Callable[[Trace], None], index: int = 0) -> Trajectory:

@@ -174,3 +174,28 @@ def test_instance_columns_of_the_papers_payload_come_from_its_instance_and_the_r
                                          "FAIL_TO_PASS": ["t::x"], "PASS_TO_PASS": []}  # fmt: skip
     plain = TaskRequest(task_id="p", instruction="x", agent={"harness": "pi"})
     assert set(session_fields(instance_fields(plain), {"exit_code": 0}).values()) == {None}
+
+
+def test_export_carries_context_exact_and_the_card_counts_the_inexact_traces(tmp_path: Path) -> None:
+    from polar_cli.builders import build_trajectory
+    from polar_cli.recompute import load_traces
+    from tests.builders.helpers import IM_END, drifting_session, exact_session
+
+    loose = build_trajectory("prefix_merging", drifting_session(), eos_token_id=IM_END, merge="prompt_prefix")
+    exact = build_trajectory("prefix_merging", exact_session(), eos_token_id=IM_END)
+    with Ledger(tmp_path / "gen") as ledger:
+        for i, trajectory in enumerate([loose, exact]):
+            task = TaskRequest(task_id=f"t{i}", instruction="x", agent={"harness": "pi"}, metadata={"repo": "r"})
+            ledger.remember_task(i, "r", task)
+            result = SessionResult(session_id=f"s{i}", task_id=task.task_id, status="completed", reward=1.0,
+                                   trajectory=trajectory, num_completions=4)  # fmt: skip
+            assert ledger.finish(ResultRow(task.task_id, 0, f"s{i}", "r", 1, "completed", 1.0, True, 8, 90, 4, 1),
+                                 result)  # fmt: skip
+    report = export(tmp_path / "gen", tmp_path / "ds", ExportOptions())
+    assert report.context_inexact == 1
+    rows = _rows(tmp_path / "ds")["traces"]
+    assert [r["context_exact"] for r in rows] == [False, True]
+    assert json.loads(str(rows[0]["metadata"]))["context_exact"] == [True, True, False, False]
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert "1 of the 2 traces have `context_exact: false`" in card and "`merge: prompt_prefix`" in card
+    assert [t.trace.context_exact for t in load_traces(tmp_path / "ds")] == [False, True]  # polar verify reads it

@@ -34,14 +34,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"a": build_demo_model(base / "a", seed=1234), "b": build_demo_model(base / "b", seed=7)}
 
 
-def sample(model_dirs: list[Path], n: int, seed: int) -> tuple[list[int], list[float]]:
-    """``n`` tokens sampled after PROMPT at temperature 1, token ``i`` from ``model_dirs[i * len // n]``, with the
+def sample(model_dirs: list[Path], n: int, seed: int, prompt: list[int] = PROMPT) -> tuple[list[int], list[float]]:
+    """``n`` tokens sampled after ``prompt`` at temperature 1, token ``i`` from ``model_dirs[i * len // n]``, with the
     logprob that model gave it (what an inference server records)."""
     from transformers import AutoModelForCausalLM
 
     loaded = [AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval() for d in model_dirs]
     generator = torch.Generator().manual_seed(seed)
-    ids, logprobs = list(PROMPT), []
+    ids, logprobs = list(prompt), []
     with torch.inference_mode():
         for i in range(n):
             model = loaded[i * len(loaded) // n]
@@ -49,7 +49,7 @@ def sample(model_dirs: list[Path], n: int, seed: int) -> tuple[list[int], list[f
             token = int(torch.multinomial(scores.exp(), 1, generator=generator))
             ids.append(token)
             logprobs.append(float(scores[token]))
-    return ids[len(PROMPT) :], logprobs
+    return ids[len(prompt) :], logprobs
 
 
 def make_trace(ids: list[int], logprobs: list[float], **fields: Any) -> Trace:
@@ -131,6 +131,31 @@ def test_a_trace_whose_logprobs_belong_to_other_tokens_fails_by_name(models: dic
     assert done.returncode == 1 and report["failed"] == ["session s2 trace 1"]
     assert "response_logprobs[5].token_id" in report["worst"][0]["reason"]
     assert report["traces"] == 1 and report["max_abs_dlogprob"] < 1e-5  # the good one is still measured
+
+
+def test_a_failing_trace_built_with_prompt_prefix_says_its_context_is_not_exact(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Turn 2 was sampled after the template's re-rendering of turn 1 (one token changed); a trace that keeps turn 1's
+    sampled ids before it (the paper's rule) scores turn 2 in a context it was not sampled in. The failure says the
+    trace said so."""
+    a1, lp1 = sample([models["a"]], 6, seed=6)
+    rerendered = [*a1[:2], (a1[2] + 1) % 3000, *a1[3:]]
+    between = [41, 7]
+    a2, lp2 = sample([models["a"]], 12, seed=7, prompt=[*PROMPT, *rerendered, *between])
+    ids = [*a1, *between, *a2]
+    entries = [{"token": None, "token_id": t, "logprob": lp} for t, lp in zip(ids, [*lp1, 0.0, 0.0, *lp2], strict=True)]
+    drifted = Trace(prompt_ids=PROMPT, response_ids=ids, loss_mask=[1] * 6 + [0, 0] + [1] * 12,
+                    response_logprobs=entries, metadata={"harness": "shell"}, context_exact=False)  # fmt: skip
+    done = polar("verify", str(results_file(tmp_path / "r.jsonl", [drifted])), "--recompute", "--model",
+                 str(models["a"]), "--json")  # fmt: skip
+    report = json.loads(done.stdout)
+    assert done.returncode == 1
+    assert report["failed"] == report["failed_context_inexact"] == ["session s1 trace 0 of task t1"]
+    assert report["worst"][0]["context_exact"] is False and "context_exact: false" in report["worst"][0]["reason"]
+    text = polar("verify", str(tmp_path / "r.jsonl"), "--recompute", "--model", str(models["a"]))
+    assert text.returncode == 1
+    assert "1 of them say context_exact: false: built with the builder's merge: prompt_prefix" in text.stdout
 
 
 def generated(folder: Path, trace: Trace, completions: list[Completion] | None = None) -> Path:

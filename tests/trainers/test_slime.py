@@ -96,3 +96,14 @@ def test_a_trainable_token_without_a_logprob_stops_the_conversion() -> None:
     result = make_result([make_trace([1, 1], logprobs=[-0.1, math.nan])], session_id="s-bad")
     with pytest.raises(MissingLogprobError, match=r"session s-bad: response token 1"):
         slime_samples(result)
+
+
+def test_context_exact_goes_with_the_sample() -> None:
+    from polar_cli.builders import build_trajectory
+    from tests.builders.helpers import IM_END, drifting_session
+
+    loose = build_trajectory("prefix_merging", drifting_session(), eos_token_id=IM_END, merge="prompt_prefix")
+    sample = slime_sample(loose.traces[0])
+    assert sample.metadata["polar"]["context_exact"] is False
+    assert sample.metadata["context_exact"] == [True, True, False, False]  # the trace's own, per completion
+    assert slime_sample(make_trace([1])).metadata["polar"]["context_exact"] is True

@@ -60,6 +60,14 @@ def test_a_failed_session_is_a_sample_that_trains_nothing() -> None:
     assert out.polar_status == ["FAILED", "COMPLETED"]
 
 
+def test_context_exact_is_a_column() -> None:
+    group = group_for("a", 0)
+    main = group[1].trajectory.traces[0].model_copy(update={"context_exact": False})  # built with prompt_prefix
+    traces = [main, *group[1].trajectory.traces[1:]]
+    group[1] = group[1].model_copy(update={"trajectory": group[1].trajectory.model_copy(update={"traces": traces})})
+    assert trl_rollout([group], num_generations=G).polar_context_exact == [True, False]
+
+
 def test_distinct_prompts() -> None:
     assert distinct_prompts(["a", "a", "b", "b"], 2) == ["a", "b"]
     with pytest.raises(AdapterError):

@@ -112,3 +112,14 @@ def test_each_trace_of_a_group_shares_the_group_uid() -> None:
     ]
     assert {o.extra_fields["uid"] for o in each} == {"g-1"}
     assert len(verl_outputs(group)) == 2  # main: one per session
+
+
+def test_context_exact_goes_with_the_sample() -> None:
+    from polar_cli.builders import build_trajectory
+    from tests.builders.helpers import IM_END, drifting_session
+
+    loose = build_trajectory("prefix_merging", drifting_session(), eos_token_id=IM_END, merge="prompt_prefix")
+    (inexact,) = loose.traces
+    assert not inexact.context_exact
+    outputs = [verl_trace_output(t) for t in (inexact, make_trace([1, 1]))]
+    assert [check(o.to_kwargs()).extra_fields["polar"]["context_exact"] for o in outputs] == [False, True]
