@@ -70,6 +70,20 @@ async def check_routes(client: VllmClient, timeout_s: float) -> None:
             raise
 
 
+def _without_stop_token(out: dict[str, Any]) -> dict[str, Any]:
+    """The generate answer without the stop token it ended on: vllm 0.32's derender decodes every id, so the end of
+    turn would show in the message's text (``Done.<|im_end|>``), which the chat route leaves out."""
+    choice = out["choices"][0]
+    ids = choice.get("token_ids") or []
+    if choice.get("finish_reason") != "stop" or isinstance(choice.get("stop_reason"), str) or not ids:
+        return out
+    trimmed = dict(choice, token_ids=ids[:-1])
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+        trimmed["logprobs"] = dict(logprobs, content=logprobs["content"][:-1])
+    return dict(out, choices=[trimmed, *out["choices"][1:]])
+
+
 async def generate(client: VllmClient, request: ChatRequest) -> Generation:
     """One call on the token route with the request's ``token_prompt``; the answer parsed by the server's own
     parsers (derender)."""
@@ -97,7 +111,7 @@ async def generate(client: VllmClient, request: ChatRequest) -> Generation:
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise BackendError(f"{GENERATE} answered a malformed body: {type(exc).__name__}: {exc}") from exc
     chat_body = client.upstream_body(request, body.get("model") or await client.served_model())
-    chat = await _post(client, DERENDER, {"generate_response": out, "chat_request": chat_body})
+    chat = await _post(client, DERENDER, {"generate_response": _without_stop_token(out), "chat_request": chat_body})
     try:
         chat_choice = chat["choices"][0]
         message = assistant_message(chat_choice.get("message") or {})
@@ -106,7 +120,11 @@ async def generate(client: VllmClient, request: ChatRequest) -> Generation:
         raise BackendError(f"{DERENDER} answered a malformed body: {type(exc).__name__}: {exc}") from exc
     logprobs = [float(e["logprob"]) for e in entries] if len(entries) == len(ids) else None
     tokens = [str(e.get("token", "")) for e in texts] if len(texts) == len(ids) else None
+    if tokens is None and len(texts) == len(ids) - 1:  # the stop token was left out of the derender
+        tokens = [*(str(e.get("token", "")) for e in texts), ""]
     finish = str(chat_choice.get("finish_reason") or choice.get("finish_reason") or "stop")
+    if finish == "stop" and message.get("tool_calls"):
+        finish = "tool_calls"  # what the chat route says of the same answer
     return Generation(
         id=str(chat.get("id") or out.get("request_id") or ""),
         model=str(out.get("model") or chat.get("model") or ""),
