@@ -8,6 +8,7 @@ Completions semantics) and encodes a :class:`Generation` back into its own wire 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
@@ -34,6 +35,21 @@ SAMPLING_PARAMS = (
 )
 
 
+INTERRUPTED = "interrupted"
+"""``finish_reason`` of a token-mode Generation the pool stopped (an abort-mode pause) to resume it later: never
+recorded, never seen by a harness."""
+
+
+@dataclass
+class SampledSoFar:
+    """The ids (and their logprobs and texts) a call sampled before it was interrupted."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    """``(first token index, policy version)`` per stretch, in order."""
+
+
 @dataclass
 class TokenPrompt:
     """A prompt the proxy built as ids (token mode, :mod:`polar_cli.proxy.token_prompt`): what the backend sends to
@@ -51,6 +67,12 @@ class TokenPrompt:
     """What the backend's render call returned beside the ids (vLLM: the ready generate request, sampling included)."""
     rendered_len: int = 0
     """How many ids the template's rendering of the whole conversation had."""
+    sampled: SampledSoFar | None = None
+    """A resumed call (partial rollouts): what was sampled before the interruption; the backend continues from
+    ``ids + sampled.ids`` and answers the whole reply."""
+    interrupt: asyncio.Event | None = None
+    """Set by the inference pool to stop the call where it is (an abort-mode pause): the backend then answers what
+    it has sampled so far with ``finish_reason == INTERRUPTED``."""
 
     def record(self) -> dict[str, Any]:
         """Its journal summary (``Completion.metadata.token_prompt``)."""

@@ -11,10 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, NonNegativeInt
 
-PauseMode = Literal["wait", "keep"]
+PauseMode = Literal["wait", "keep", "abort"]
 """``wait``: no new model call reaches a replica, calls in flight finish, the pause returns when the pool is quiet.
 ``keep``: calls in flight are frozen on their replica (the server's own keep-mode pause) and finish under the new
-weights after the resume."""
+weights after the resume. ``abort``: token-mode calls in flight are stopped where they are and keep what they
+sampled; after the resume each goes on from its prompt + those ids under the new policy and reaches its harness as one
+answer, with exact ``version_spans`` (partial rollouts); other calls in flight finish, as in ``wait``."""
 
 ReplicaState = Literal["healthy", "unhealthy", "draining"]
 """``healthy``: in rotation. ``unhealthy``: a call failed to reach it; out of rotation until a health check answers.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from polar_cli.errors import BackendError, ConfigError, PauseTimeout
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import ProxyMetrics, replica_label
 from polar_cli.models import StrictModel
-from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
+from polar_cli.models.chat import INTERRUPTED, ChatRequest, Generation, Rendered, SampledSoFar, UpstreamStream
 from polar_cli.models.inference import (
     INITIAL_POLICY_VERSION,
     PauseMode,
@@ -70,6 +71,8 @@ class _Flight:
     streamed: bool = False
     tokens: int = 0
     boundaries: list[tuple[int | None, int]] = field(default_factory=list)
+    interrupt: asyncio.Event | None = None
+    """A token-mode call: set to stop it where it is (an abort-mode pause)."""
 
     def __post_init__(self) -> None:
         self.boundaries.append((0, self.version))
@@ -229,6 +232,11 @@ class InferencePool(BackendClient):
         if mode == "keep":
             await self._freeze(timeout_s)
             return self.status()
+        if mode == "abort":
+            for replica in self._replicas:
+                for flight in replica.flights:
+                    if flight.interrupt is not None:
+                        flight.interrupt.set()
         try:
             async with asyncio.timeout(timeout_s):
                 await self._until(lambda: self.in_flight() == 0)
@@ -334,6 +342,9 @@ class InferencePool(BackendClient):
     # ---- BackendClient --------------------------------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
+        if request.token_prompt is not None:
+            return await self._generate_resumable(request, session_id)
+
         async def once(replica: _Replica, flight: _Flight) -> Generation:
             try:
                 generation = await replica.client.generate(request, session_id=session_id)
@@ -343,6 +354,46 @@ class InferencePool(BackendClient):
             return generation
 
         return await self._call(session_id, False, once)
+
+    async def _generate_resumable(self, request: ChatRequest, session_id: str) -> Generation:
+        """A token-mode call that an abort-mode pause may stop: what it sampled is kept, and after the resume it goes
+        on from its prompt + those ids (as tokens) until it ends; the Generation is the whole answer, its
+        ``version_spans`` split where each stretch began."""
+        prompt = request.token_prompt
+        assert prompt is not None
+        sampled = SampledSoFar()
+        while True:
+            attempt = dataclasses.replace(prompt, sampled=sampled if sampled.ids else None, interrupt=asyncio.Event())
+            call = dataclasses.replace(request, token_prompt=attempt)
+
+            async def once(replica: _Replica, flight: _Flight, call: ChatRequest = call) -> Generation:
+                flight.interrupt = call.token_prompt.interrupt if call.token_prompt is not None else None
+                try:
+                    generation = await replica.client.generate(call, session_id=session_id)
+                finally:
+                    self._land(flight)
+                flight.stamp(generation)
+                return generation
+
+            generation = await self._call(session_id, False, once)
+            if generation.finish_reason != INTERRUPTED:
+                break
+            fresh = generation.response_ids  # an interrupted attempt answers only what it sampled itself
+            if fresh:
+                sampled.versions.append((len(sampled.ids), generation.policy_version or self._version))
+                sampled.ids += fresh
+                sampled.logprobs += generation.response_logprobs or [0.0] * len(fresh)
+        if sampled.versions:
+            last = [(s.start, s.version) for s in generation.version_spans or []] or [(0, generation.policy_version)]
+            spans = [*sampled.versions, *((None if a is None else a + len(sampled.ids), v) for a, v in last)]
+            merged: list[VersionSpan] = []
+            for start, version in spans:
+                if version is None or (merged and merged[-1].version == version):
+                    continue
+                merged.append(VersionSpan(start=start, version=version))
+            generation.policy_version = merged[0].version if merged else generation.policy_version
+            generation.version_spans = merged if len(merged) > 1 else None
+        return generation
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
         async def once(replica: _Replica, flight: _Flight) -> UpstreamStream:
