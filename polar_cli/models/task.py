@@ -9,8 +9,8 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from polar_cli.models.base import StrictModel
-from polar_cli.models.trace import RewardAssignment
 from polar_cli.models.completion import TokenMode
+from polar_cli.models.trace import RewardAssignment
 
 SCRIPT_KEY = "script"
 """``metadata.script``: the scripted backend's per-session script (an inline list of turns). It plays the model; it
