@@ -1,10 +1,11 @@
 """Does a later request continue an earlier completion's response? Token and message evidence.
 
-Prefix merging needs this where the token prefix alone is ambiguous: parallel samples share a prompt, so a later
-call's prompt extends every sibling's prompt, yet its history holds only one sibling's response. Messages are
-compared the way harnesses tend to replay them: role, text (stripped, without a leading ``<think>`` block) and tool
-calls (name, parsed arguments); reasoning fields and tool-call ids are ignored, and consecutive assistant messages
-are merged (some harnesses split text and tool calls into separate items).
+Prefix merging under the paper's rule (``merge: prompt_prefix``) needs this where the token prefix alone is ambiguous:
+parallel samples share a prompt, so a later call's prompt extends every sibling's prompt, yet its history holds only
+one sibling's response (the exact rule reads it from the sampled ids; its break diagnosis still uses the messages).
+Messages are compared the way harnesses tend to replay them: role, text (stripped, without a leading ``<think>``
+block) and tool calls (name, parsed arguments); reasoning fields and tool-call ids are ignored, and consecutive
+assistant messages are merged (some harnesses split text and tool calls into separate items).
 """
 
 from __future__ import annotations

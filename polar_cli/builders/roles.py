@@ -7,7 +7,8 @@ Each chain of a session (see ``chains.partition``) gets a role from its first co
 2. the first chain the adapter left alone is ``main``: a harness starts its own conversation for the task before
    anything it delegates, so the first call it does not call its own is the main agent's;
 3. a chain that broke off another chain for any cause but ``new_context`` (a retry or parallel sample of the same
-   prompt, compaction, a re-rendered history, another branch) continues that chain's conversation: its role;
+   prompt, compaction, a re-rendered history, a cut reply, another branch) continues that chain's conversation: its
+   role;
 4. any other new context is ``subagent``: a conversation the agent started to do part of the task (Claude Code's
    Agent tool, Qwen Code's agent tool). The safe default: under the default rule it is rewarded as before roles
    existed, and a real sub-agent taken for a side call would silently lose its training signal, while a side call

@@ -167,8 +167,25 @@
   var CAUSES = {
     new_context: "new context", history_rewritten: "compaction or rewritten history",
     history_rerendered: "history re-rendered by the chat template", same_prompt: "same prompt again (retry or parallel sample)",
-    no_end_of_turn: "previous turn not closed", other_branch: "continues another branch"
+    no_end_of_turn: "previous turn not closed", other_branch: "continues another branch",
+    truncated_reply: "previous reply was cut (max_tokens) and sent back as text",
+    reasoning_dropped: "earlier reasoning left out of the prompt"
   };
+  var RUN_SHOWN = 12;
+  function runHtml(ids, texts) {
+    if (!ids || !ids.length) return '<span class="count">(nothing)</span>';
+    var shown = ids.slice(0, RUN_SHOWN).map(function (id, j) {
+      var t = texts && texts[j] != null ? " " + JSON.stringify(texts[j]) : "";
+      return esc(String(id) + t);
+    });
+    return '<span class="mono">[' + shown.join(", ") + (ids.length > RUN_SHOWN ? ", \u2026" : "") + "]</span>";
+  }
+  function departureHtml(start, tr) {
+    if (start.at == null) return "";
+    var found = tr.ptok && start.found ? tr.ptok.slice(start.at, start.at + start.found.length) : null;
+    return '<div class="departure">its prompt departs at token ' + fmtNum(start.at) + ": expected " +
+      runHtml(start.expected, null) + ", found " + runHtml(start.found, found) + "</div>";
+  }
   function causeLabel(start, role) {
     if (start.cause === "new_context") {
       if (role === "subagent") return "sub-agent (new context)";
@@ -282,7 +299,7 @@
       boundary = '<div class="boundary" data-cause="' + esc(start.cause) + '">chain ' + k + " began: <b>" + esc(causeLabel(start, tr.role)) +
         "</b>" + (start.from != null ? " \u00b7 closest chain " + esc(start.from) + ", sharing " + fmtNum(start.shared) + " of its " +
         fmtNum(start.of) + " prompt tokens" : "") + (start.completion != null ? " \u00b7 at completion " + fmtNum(start.completion) : "") +
-        " \u00b7 cause <span class=\"mono\">" + esc(start.cause) + "</span></div>";
+        " \u00b7 cause <span class=\"mono\">" + esc(start.cause) + "</span>" + departureHtml(start, tr) + "</div>";
     } else boundary = '<div class="boundary" data-cause="unknown">chain ' + k + " (no break recorded)</div>";
     var msgs = "";
     if (tr.pm && tr.pm.length) msgs += '<div class="part-label">prompt (' + tr.pm.length + " messages)</div>" + tr.pm.map(messageHtml).join("");
@@ -290,7 +307,10 @@
       " (" + tr.rm.length + " messages)</div>" + tr.rm.map(messageHtml).join("");
     return boundary + '<section class="block chain" data-chain="' + k + '" data-role="' + esc(role) + '" data-trainable-tokens="' +
       trainable + '"><h3>chain ' + k + " \u00b7 " + esc(role) + (tr.why ? ' <span class="count">(' + esc(tr.why) + ")</span>" : "") +
-      " \u00b7 " + (tr.trainable ? "trainable" : "not trainable") + (tr.reward != null ? " \u00b7 reward " + fmtNum(tr.reward) : "") +
+      " \u00b7 " + (tr.trainable ? "trainable" : "not trainable") +
+      (tr.exact === false ? ' \u00b7 <span class="inexact" title="built with merge: prompt_prefix: some sampled tokens ' +
+        'follow a context other than the one they were sampled in">context not exact</span>' : "") +
+      (tr.reward != null ? " \u00b7 reward " + fmtNum(tr.reward) : "") +
       (tr.finish ? " \u00b7 finish " + esc(tr.finish) : "") + " \u00b7 " + tr.pids.length + " prompt + " + tr.ids.length +
       " response tokens, " + trainable + " trainable" + (tr.tools ? " \u00b7 " + tr.tools + " tools" : "") + "</h3>" +
       '<div class="body"><div class="legend"><span><span class="sw h0"></span>\u2026<span class="sw h9"></span> mask 1 (sampled, trained): ' +

@@ -59,6 +59,7 @@ def session_view(result: SessionResult, *, harness: str | None = None, model: st
             tokens=tokens if tokens is not None and any(t is not None for t in tokens) else None,
             prompt_messages=trace.prompt_messages, response_messages=trace.response_messages,
             tools=len(trace.tools or []), role=trace.role, role_reason=trace.role_reason, trainable=trace.trainable,
+            context_exact=trace.context_exact,
             reward=trace.reward, finish_reason=trace.finish_reason, start=starts.get(number),
             metadata=trace.metadata,
         ))  # fmt: skip
@@ -83,9 +84,21 @@ def _chain_starts(metadata: dict[str, Any]) -> dict[int, ChainStart]:
             starts[entry["chain"]] = ChainStart(
                 cause=str(entry.get("cause")), closest_chain=entry.get("closest_chain"),
                 common_prefix=entry.get("common_prefix"), closest_prompt_tokens=entry.get("closest_prompt_tokens"),
-                completion_index=entry.get("completion_index"),
+                completion_index=entry.get("completion_index"), first_difference=_int(entry.get("first_difference")),
+                expected_ids=_ids(entry.get("expected_ids")), found_ids=_ids(entry.get("found_ids")),
             )  # fmt: skip
     return starts
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _ids(value: Any) -> list[int] | None:
+    """A break's token run, when it is one (older results have none; foreign data gets no say in the page)."""
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    return None
 
 
 def _result(data: Any, where: str) -> SessionResult:
@@ -139,7 +152,8 @@ def _dataset_folder(path: Path) -> list[SessionView]:
             session.chains.append(ChainView(
                 prompt_ids=row["prompt_ids"], response_ids=row["response_ids"], loss_mask=row["loss_mask"],
                 logprobs=row.get("response_logprobs"), role=row.get("role"),
-                trainable=bool(row.get("trainable", True)), finish_reason=row.get("finish_reason"), metadata=meta,
+                trainable=bool(row.get("trainable", True)), context_exact=row.get("context_exact") is not False,
+                finish_reason=row.get("finish_reason"), metadata=meta,
                 reward=row.get("reward"),
             ))  # fmt: skip
     for file in dataset_shards(path, "messages"):

@@ -23,6 +23,10 @@ class ChainStart:
     common_prefix: int | None = None
     closest_prompt_tokens: int | None = None
     completion_index: int | None = None
+    first_difference: int | None = None
+    """Where the new prompt departs from the closest chain's last prompt + sampled ids (absent in older results)."""
+    expected_ids: list[int] | None = None
+    found_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -43,6 +47,7 @@ class ChainView:
     role: str | None = None
     role_reason: str | None = None
     trainable: bool = True
+    context_exact: bool = True
     reward: float | None = None
     finish_reason: str | None = None
     start: ChainStart | None = None
@@ -55,13 +60,15 @@ class ChainView:
     def detail(self) -> dict[str, Any]:
         start = self.start
         return {
-            "role": self.role, "why": self.role_reason, "trainable": self.trainable, "reward": self.reward,
+            "role": self.role, "why": self.role_reason, "trainable": self.trainable, "exact": self.context_exact,
+            "reward": self.reward,
             "finish": self.finish_reason, "tools": self.tools, "pids": self.prompt_ids, "ptok": self.prompt_tokens,
             "ids": self.response_ids, "mask": "".join("1" if m else "0" for m in self.loss_mask),
             "lp": self.logprobs, "tok": self.tokens, "pm": self.prompt_messages, "rm": self.response_messages,
             "start": None if start is None else {"cause": start.cause, "from": start.closest_chain,
                                                  "shared": start.common_prefix, "of": start.closest_prompt_tokens,
-                                                 "completion": start.completion_index},
+                                                 "completion": start.completion_index, "at": start.first_difference,
+                                                 "expected": start.expected_ids, "found": start.found_ids},
             "meta": self.metadata,
         }  # fmt: skip
 

@@ -10,7 +10,7 @@ import pytest
 from polar_cli.builders import BuildContext, BuilderConfig, build_trajectory, verify
 from polar_cli.builders.chains import BREAK_CAUSES, RUN_WINDOW
 from polar_cli.errors import ConfigError
-from polar_cli.models import Completion, PromptSpan, Trace, Trajectory
+from polar_cli.models import Completion, PromptSpan, TaskRequest, Trace, Trajectory
 from polar_cli.registry import get_builder
 from tests.builders.helpers import (
     GEN,
@@ -190,7 +190,10 @@ def test_break_causes_and_roles_follow_the_chain_they_broke_from() -> None:
 
 def test_merge_is_checked_config() -> None:
     assert BuilderConfig().merge == "exact"
-    get_builder("prefix_merging").check_config({"merge": "prompt_prefix"})
+    payload = shared_fixture("paper_task_payload.json")  # the paper's task asks for prefix_merging, no config
+    builder = {**payload["builder"], "config": {"merge": "prompt_prefix"}}
+    paper = TaskRequest.model_validate({**payload, "builder": builder})
+    get_builder(paper.builder.strategy).check_config(paper.builder.config)
     with pytest.raises(ConfigError, match="merge"):
         get_builder("prefix_merging").check_config({"merge": "loose"})
 

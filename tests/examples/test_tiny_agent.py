@@ -133,7 +133,10 @@ def check_layout(trace: Trace, journal: list[Completion]) -> None:
         prompt, nxt = completion.prompt_ids, chain[m + 1].prompt_ids
         assert nxt[: len(prompt)] == prompt, f"completion {m + 1}'s prompt does not extend completion {m}'s"
         closed = completion.response_ids[-1:] == [END_OF_TURN]
-        start = nxt.index(END_OF_TURN, len(prompt)) + 1 if closed else len(prompt)
+        if nxt[len(prompt) : len(prompt) + n] == completion.response_ids:  # the sampled ids, as merge: exact needs
+            start = len(prompt) + n
+        else:  # merge: prompt_prefix, the turn re-rendered: after the end-of-turn token that closes it
+            start = nxt.index(END_OF_TURN, len(prompt)) + 1 if closed else len(prompt)
         interstitial = nxt[start:]
         assert response[pos : pos + len(interstitial)] == interstitial, f"u_{m + 1} is not the next prompt's tail"
         assert mask[pos : pos + len(interstitial)] == [0] * len(interstitial), f"u_{m + 1} is not all mask 0"

@@ -39,14 +39,16 @@ def trace(prompt: int, turns: int, *, sampled: int = 3, interstitial: int = 2, t
 
 
 def session(session_id: str = "s-0", *, hostile: bool = False, reward: float = 1.0,
-            status: str = "completed") -> SessionResult:  # fmt: skip
+            status: str = "completed", inexact: bool = False) -> SessionResult:  # fmt: skip
     """Two chains: the main one, and a sub-agent after a ``new_context`` break; ``hostile``: HTML/script in every
-    text field."""
+    text field; ``inexact``: the main trace says ``context_exact: false`` (built with ``merge: prompt_prefix``)."""
     bad = HOSTILE if hostile else ""
     main = trace(12, 3, text="tok" + bad, messages=[{"role": "user", "content": "write hello.txt" + bad}])
+    main.context_exact = not inexact
     sub = trace(5, 2, role="subagent")
     breaks = [{"completion_index": 3, "completion_id": f"{session_id}-3", "chain": 1, "cause": "new_context",
-               "closest_chain": 0, "common_prefix": 0, "closest_prompt_tokens": 12}]  # fmt: skip
+               "closest_chain": 0, "common_prefix": 0, "closest_prompt_tokens": 12, "first_difference": 0,
+               "expected_ids": [1, 2, 3], "found_ids": [1, 2, 3, 4, 5][::-1]}]  # fmt: skip
     trajectory = Trajectory(session_id=session_id, status=status, traces=[main, sub], reward=reward,
                             metadata={"builder": "prefix_merging", "chains": 2, "breaks": breaks})  # fmt: skip
     evaluation = {"exit_code": 0, "tests": [{"name": "test_hello" + bad, "status": "passed"},

@@ -15,7 +15,8 @@ from tests.view.sessions import HOSTILE, results_file, session, trace
 @pytest.fixture
 def page_file(tmp_path: Path) -> Path:
     need_browser()
-    sessions = [session(f"s-{n}", reward=float(n % 2), status="completed" if n % 3 else "timeout") for n in range(30)]
+    sessions = [session(f"s-{n}", reward=float(n % 2), status="completed" if n % 3 else "timeout", inexact=n == 21)
+                for n in range(30)]  # fmt: skip
     sessions.append(session('evil"><img src=y>', hostile=True))
     results_file(tmp_path / "out.jsonl", sessions)
     out = tmp_path / "view.html"
@@ -38,7 +39,10 @@ def test_the_list_filters_searches_and_opens_a_session_with_its_messages(page_fi
         assert page.evaluate("location.hash") == "#session=s-21"
         messages = page.locator("#session .msg")
         assert messages.count() == 4 + 5 and "echo hi > hello.txt" in messages.nth(1).inner_text()
-        assert "sub-agent (new context)" in page.inner_text("#session .boundary[data-cause=new_context]")
+        boundary = page.inner_text("#session .boundary[data-cause=new_context]")
+        assert "sub-agent (new context)" in boundary
+        assert "departs at token 0: expected [1, 2, 3], found [5, 4, 3, 2, 1]" in boundary
+        assert page.locator("#session .inexact").count() == 1  # the main chain says context_exact: false
         assert "test_other" in page.inner_text("#session section.block")  # the evaluator report
         token = page.locator('#session .rtoks [data-mask="1"]').first
         token.hover()

@@ -32,6 +32,9 @@ def test_a_results_file_loads_with_chains_their_starts_and_the_evaluator_report(
     assert first.trainable_tokens == sum(sum(c.loss_mask) for c in first.chains) == 9 + 6
     assert first.chains[0].start is None
     assert first.chains[1].start is not None and first.chains[1].start.cause == "new_context"
+    start = first.chains[1].start
+    assert (start.first_difference, start.expected_ids, start.found_ids) == (0, [1, 2, 3], [5, 4, 3, 2, 1])
+    assert first.chains[1].detail()["start"]["found"] == [5, 4, 3, 2, 1] and first.chains[0].detail()["exact"]
     assert first.evaluation is not None and first.evaluation["tests"][1]["status"] == "failed"
     assert first.chains[0].tokens is not None and first.chains[0].tokens[0] == "Ġhello"
     assert first.chains[0].tokens[3] is None  # a mask-0 token has no text
@@ -51,6 +54,21 @@ def test_a_generate_folder_and_its_exported_dataset_load(tmp_path: Path) -> None
     chain = data.sessions[0].chains[0]
     assert (chain.response_ids, chain.loss_mask, chain.logprobs, data.sessions[0].split) == (
         [3, 4], [1, 0], [-0.5, 0.0], "train")
+
+
+def test_a_trace_that_is_not_context_exact_and_a_break_from_older_results_load(tmp_path: Path) -> None:
+    older = session("old")
+    breaks = older.trajectory.metadata["breaks"]
+    for key in ("first_difference", "expected_ids", "found_ids"):
+        del breaks[0][key]  # written before breaks said where the prompt departed
+    results_file(tmp_path / "out.jsonl", [session("new", inexact=True), older])
+    new, old = load_view(tmp_path / "out.jsonl").sessions
+    assert [c.context_exact for c in new.chains] == [False, True] and new.chains[0].detail()["exact"] is False
+    start = old.chains[1].start
+    assert start is not None and (start.first_difference, start.expected_ids, start.found_ids) == (None, None, None)
+    assert old.chains[1].detail()["start"]["at"] is None
+    html = render_html(load_view(tmp_path / "out.jsonl"))
+    assert "context not exact" in html  # the page's script knows the flag
 
 
 def test_bad_inputs_are_one_line_config_errors(tmp_path: Path) -> None:
