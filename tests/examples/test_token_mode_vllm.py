@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion, SessionResult
 from polar_cli.proxy.journal import read_journal
 from polar_cli.registry import LOAD_ENV, get_harness
@@ -204,3 +205,16 @@ def test_tokens_mode_gives_one_exact_chain_per_conversation_that_recomputes_exac
             verify_recompute(session, model_dir)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_the_papers_rule_marks_the_completions_whose_context_drifted(sessions: list[Session]) -> None:
+    """``merge: prompt_prefix`` on the messages-mode sessions: the same journals, merged by the paper's looser rule,
+    say which completions were not sampled in the context the trace gives them."""
+    drifted = 0
+    for session in (s for s in sessions if s.mode == "messages" and len(s.journal) >= 2):
+        trajectory = build_trajectory("prefix_merging", session.journal, merge="prompt_prefix")
+        for trace in trajectory.traces:
+            flags = trace.metadata["context_exact"]
+            assert flags[0] is True and trace.context_exact == all(flags)
+            drifted += flags.count(False)
+    assert drifted >= 1
