@@ -311,12 +311,15 @@ def test_a_client_that_hangs_up_mid_stream_stops_vllm_and_leaves_an_untrainable_
 ) -> None:
     import openai
 
+    # far more than a loaded machine samples while a hang-up travels to the engine (seconds, thousands of tokens)
+    MAX_TOKENS = 16000  # noqa: N806
+
     session = vllm_proxy.new_session()
     client = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
     generated_before = _vllm_metric(vllm_url, "vllm:generation_tokens_total")
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=4000, temperature=0, stream=True,
-        extra_body={"ignore_eos": True},  # vLLM would sample all 4000 tokens unless it is stopped
+        model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},  # vLLM would sample all of them unless it is stopped
     )  # fmt: skip
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -329,8 +332,8 @@ def test_a_client_that_hangs_up_mid_stream_stops_vllm_and_leaves_an_untrainable_
         time.sleep(0.1)
     [record] = records
     assert record["finish_reason"] == "abort" and record["metadata"]["delivery"] == "aborted"
-    assert 0 < len(record["response_ids"]) < 4000  # stopped long before max_tokens
+    assert 0 < len(record["response_ids"]) < MAX_TOKENS  # stopped long before max_tokens
     assert _vllm_metric(vllm_url, "vllm:num_requests_running") == 0  # vLLM itself dropped the request ...
-    assert _vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before < 4000  # ... before the end
+    assert _vllm_metric(vllm_url, "vllm:generation_tokens_total") - generated_before < MAX_TOKENS  # ... before the end
     trajectory = build_trajectory("per_request", [Completion.model_validate(record)])
     assert trajectory.traces == [] and trajectory.metadata["trainable_tokens"] == 0
