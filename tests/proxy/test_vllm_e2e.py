@@ -312,7 +312,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_vllm_and_leaves_an_untrainable_
     import openai
 
     # far more than a loaded machine samples while a hang-up travels to the engine (seconds, thousands of tokens)
-    MAX_TOKENS = 16000  # noqa: N806
+    MAX_TOKENS = 16000
 
     session = vllm_proxy.new_session()
     client = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
