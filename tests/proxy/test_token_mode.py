@@ -131,8 +131,12 @@ def test_reasoning_dropped_on_purpose_renders_the_whole_prompt(proxy: RunningPro
     _conversation(_openai(session), stream=False)
     first, second = (Completion.model_validate(c) for c in session.completions())
     assert [s.source for s in second.prompt_spans or []] == ["rendered"]
-    assert second.metadata["token_prompt"] == {"base": first.completion_id, "edited": False,
-                                               "reasoning_dropped": True, "rendered_tokens": len(second.prompt_ids)}
+    assert second.metadata["token_prompt"] == {
+        "base": first.completion_id,
+        "edited": False,
+        "reasoning_dropped": True,
+        "rendered_tokens": len(second.prompt_ids),
+    }
 
 
 def test_reasoning_kept_by_default_is_spliced(proxy: RunningProxy) -> None:
@@ -167,3 +171,47 @@ def test_a_backend_without_token_in_refuses_a_token_mode_session(
     resp = running.http.post("/sessions", json={"token_mode": "tokens"})
     assert resp.status_code == 400, resp.text
     assert "token-in" in resp.text and "--enable-scale-out" in resp.text
+
+
+def _spliced_once(session: ProxySession) -> None:
+    one, two = (Completion.model_validate(c) for c in session.completions())
+    assert two.token_mode == "tokens"
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.response_ids)] == [*one.prompt_ids, *one.response_ids]
+    assert [s.source for s in two.prompt_spans or []] == ["rendered", "spliced", "rendered"]
+
+
+def test_openai_responses_in_token_mode(proxy: RunningProxy) -> None:
+    session = proxy.new_session(script=SCRIPT, token_mode="tokens")
+    api = _openai(session)
+    tools: Any = [{"type": "function", "name": "bash", "parameters": TOOLS[0]["function"]["parameters"]}]
+    first = api.responses.create(model="m", input="list files", tools=tools)
+    call = next(item for item in first.output if item.type == "function_call")
+    follow: Any = [{"role": "user", "content": "list files"}, call.model_dump(exclude_none=True),
+                   {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt"}]  # fmt: skip
+    with api.responses.stream(model="m", input=follow, tools=tools) as stream:
+        assert stream.get_final_response().output_text == "There is one file."
+    _spliced_once(session)
+
+
+def test_google_in_token_mode(proxy: RunningProxy) -> None:
+    from google import genai
+    from google.genai import types
+
+    session = proxy.new_session(script=SCRIPT, token_mode="tokens")
+    options = types.HttpOptions(base_url=session.google_base, retry_options=types.HttpRetryOptions(attempts=1))
+    sdk = closing(genai.Client(api_key=session.api_key, http_options=options))
+    bash = types.FunctionDeclaration(
+        name="bash", description="run", parameters_json_schema=TOOLS[0]["function"]["parameters"]
+    )
+    config = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[bash])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    history: list[Any] = [types.Content(role="user", parts=[types.Part(text="list files")])]
+    first = sdk.models.generate_content(model="m", contents=history, config=config)
+    assert first.candidates and first.candidates[0].content and first.function_calls
+    history += [first.candidates[0].content, types.Content(role="user", parts=[types.Part(
+        function_response=types.FunctionResponse(name="bash", response={"output": "a.txt"}))])]  # fmt: skip
+    text = "".join(c.text or "" for c in sdk.models.generate_content_stream(model="m", contents=history, config=config))
+    assert text == "There is one file."
+    _spliced_once(session)
