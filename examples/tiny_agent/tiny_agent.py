@@ -225,7 +225,8 @@ def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, 
     the tool call when its first completion has one; it succeeded when its reward is 1.0."""
     report: dict[str, Any] = {}
     with ExitStack() as stack:
-        url = start_vllm(stack, model_dir, out, args.vllm_venv, max_model_len=MAX_MODEL_LEN)
+        url = start_vllm(stack, model_dir, out, args.vllm_venv, max_model_len=MAX_MODEL_LEN,
+                         extra_args=["--reasoning-parser", REASONING_PARSER])  # fmt: skip
         for harness in args.harnesses:
             sessions = calls = tool_calls = successes = 0
             for file, line in TASKS:
