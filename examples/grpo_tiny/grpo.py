@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,15 +138,17 @@ def wait_until(ready: Any, what: str, log: Path, within: float) -> Any:
     raise SystemExit(f"{what} did not start within {within:.0f} s; the end of {log}:\n{tail}")
 
 
-def start_vllm(stack: ExitStack, model_dir: Path, out: Path, venv: Path, max_model_len: int = 4096) -> str:
+def start_vllm(
+    stack: ExitStack, model_dir: Path, out: Path, venv: Path, max_model_len: int = 4096, extra_args: Sequence[str] = ()
+) -> str:
     """vLLM's CPU build on ``model_dir`` in dev mode (the weight-reload route), fp32, eager, the hermes tool-call
-    parser; returns its URL."""
+    parser (and ``extra_args``); returns its URL."""
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     argv = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
             "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager", "--seed", "0",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # fmt: skip
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args]  # fmt: skip
     log = out / "vllm.log"
     stack.enter_context(process(argv, log, env=env, cwd=out))
     url = f"http://127.0.0.1:{port}"

@@ -45,6 +45,11 @@ HARNESSES = ("pi", "shell", "codex", "claude_code")
 # (file, line): the tasks; the model learns to write each one with its harness's shell tool
 TASKS = (("hello.txt", "hello polar"), ("notes.txt", "buy milk"), ("todo.txt", "write tests"), ("plan.txt", "ship it"))
 FINAL_ANSWER = "Done."
+# what the teacher thinks before each turn: the model learns to reason first (<think>...</think>), as a reasoning
+# model does; vLLM's <think> reasoning parsers read an answer without <think> as reasoning, so every turn thinks
+TOOL_REASONING = "I will write the file with the shell tool."
+FINAL_REASONING = "The file is written."
+REASONING_PARSER = "deepseek_r1"  # vLLM's parser for <think>...</think> at the start of an answer
 SLIDING_WINDOW = 128  # tokens each layer attends back; 2 layers see 2 * SLIDING_WINDOW
 MAX_POSITIONS = 65536  # the CLIs' prompts reach ~35K tokens in the tiny vocabulary; RoPE only ever sees < 2W apart
 MAX_MODEL_LEN = 65536
@@ -59,10 +64,12 @@ def instruction(file: str, line: str) -> str:
 
 def teacher_script(harness: str, file: str, line: str) -> list[dict[str, Any]]:
     """The scripted teacher: one call of the harness's own shell tool, then the final answer (its doctor script's
-    shape, polar_cli/interfaces/harness.py)."""
+    shape, polar_cli/interfaces/harness.py), each after a short reasoning."""
     script = get_harness(harness).doctor_script(f"echo '{line}' > {file}")
     script[0]["tool_calls"][0]["id"] = "call_1"
+    script[0]["reasoning_content"] = TOOL_REASONING
     script[-1]["content"] = FINAL_ANSWER
+    script[-1]["reasoning_content"] = FINAL_REASONING
     return script
 
 
@@ -123,7 +130,9 @@ def windows(dataset: Path, context: int) -> list[tuple[list[int], list[int], int
     turn, with only that turn's tokens in the loss."""
     from datasets import load_dataset
 
-    rows = load_dataset(str(dataset), "traces", split="train")
+    # a cache of its own: the shared one is keyed so that another export in a folder of the same name can answer
+    cache = dataset.parent / "hf-datasets-cache"
+    rows = load_dataset(str(dataset), "traces", split="train", cache_dir=str(cache))
     out = []
     for row in rows:
         if not row["trainable"]:
@@ -216,7 +225,8 @@ def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, 
     the tool call when its first completion has one; it succeeded when its reward is 1.0."""
     report: dict[str, Any] = {}
     with ExitStack() as stack:
-        url = start_vllm(stack, model_dir, out, args.vllm_venv, max_model_len=MAX_MODEL_LEN)
+        url = start_vllm(stack, model_dir, out, args.vllm_venv, max_model_len=MAX_MODEL_LEN,
+                         extra_args=["--reasoning-parser", REASONING_PARSER])  # fmt: skip
         for harness in args.harnesses:
             sessions = calls = tool_calls = successes = 0
             for file, line in TASKS:

@@ -292,6 +292,11 @@ def _diagnose_exact(
     """Why ``completion`` continues no chain under the exact rule, judged against the chain whose last prompt and
     sampled ids share the most tokens with its prompt."""
     prompt = completion.prompt_ids
+    dropped = _dropped_from(completion, last_of)
+    if dropped is not None:
+        last = last_of[dropped]
+        common = common_prefix_len(last.prompt_ids, prompt)
+        return _break(completion, new_chain, REASONING_DROPPED, dropped, last, common)
     expected = [last.prompt_ids + last.response_ids for last in last_of]
     common, closest = max((common_prefix_len(exp, prompt), ci) for ci, exp in enumerate(expected))  # ties: recent
     last = last_of[closest]
@@ -325,6 +330,11 @@ def _diagnose(
     """Why ``completion`` continues no chain under the prompt-prefix rule, judged against the chain sharing the most
     prompt tokens with it."""
     prompt = completion.prompt_ids
+    dropped = _dropped_from(completion, [completions[chain.members[-1]] for chain in chains])
+    if dropped is not None:
+        common = common_prefix_len(last_prompt[dropped], prompt)
+        last = completions[chains[dropped].members[-1]]
+        return _break(completion, new_chain, REASONING_DROPPED, dropped, last, common)
     shared = [(common_prefix_len(prev, prompt), ci) for ci, prev in enumerate(last_prompt)]
     common, closest = max(shared)  # ties: the most recent chain
     prev = last_prompt[closest]
@@ -338,6 +348,19 @@ def _diagnose(
     else:
         cause = _by_messages(last, completion)
     return _break(completion, new_chain, cause, closest, last, common)
+
+
+def _dropped_from(completion: Completion, last_of: Sequence[Completion]) -> int | None:
+    """The chain whose last completion's reasoning a tokens-mode prompt left out on purpose (``keep_reasoning:
+    false``: the proxy rendered the whole prompt instead of splicing that answer, ``metadata.token_prompt`` says
+    ``reasoning_dropped`` and names it as ``base``), or None."""
+    if completion.token_mode != "tokens":
+        return None
+    built = completion.metadata.get("token_prompt")
+    if not isinstance(built, dict) or built.get("reasoning_dropped") is not True:
+        return None
+    base = built.get("base")
+    return next((ci for ci, last in enumerate(last_of) if last.completion_id == base), None)
 
 
 def _by_messages(last: Completion, completion: Completion) -> str:

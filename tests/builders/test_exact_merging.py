@@ -5,6 +5,8 @@ another context (``context_exact``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from polar_cli.builders import BuildContext, BuilderConfig, build_trajectory, verify
@@ -16,8 +18,10 @@ from tests.builders.helpers import (
     GEN,
     IM_END,
     NL,
+    NLNL,
     SYSTEM,
     TASK_MESSAGES,
+    call,
     completion,
     decode_spans,
     drifting_session,
@@ -186,6 +190,40 @@ def test_break_causes_and_roles_follow_the_chain_they_broke_from() -> None:
         ("main", "continues chain 1 (main) after a truncated_reply break"),
     ]
     assert {"truncated_reply", "reasoning_dropped", "history_rerendered"} <= set(BREAK_CAUSES)
+
+
+def reasoning_dropped_session(*, on_purpose: bool) -> list[Completion]:
+    """A tool call that reasoned (``<think> 500 </think>``, ids 151667 500 151668), then a tokens-mode prompt rendered
+    whole by a template that drops it; ``on_purpose``: the proxy says so (``keep_reasoning: false``)."""
+    p1 = [*SYSTEM, *user_turn(200, 201), *GEN]
+    a1 = [151667, 500, 151668, NLNL, 300, 301, IM_END]
+    p2 = [*p1, 300, 301, IM_END, NL, *user_turn(400), *GEN]
+    answer1 = {"role": "assistant", "content": None, "reasoning_content": "500", "tool_calls": [call("run", "{}")]}
+    m2 = [*TASK_MESSAGES, answer1, {"role": "user", "content": "400"}]
+    built = {"base": "c0", "edited": False, "reasoning_dropped": on_purpose, "rendered_tokens": len(p2)}
+    tokens: dict[str, Any] = {"token_mode": "tokens", "prompt_spans": [PromptSpan(start=0, end=len(p2),
+                                                                                  source="rendered")]}  # fmt: skip
+    return [completion(0, p1, a1, finish="tool_calls", messages=TASK_MESSAGES, answer=answer1, token_mode="tokens",
+                       prompt_spans=[PromptSpan(start=0, end=len(p1), source="rendered")]),
+            completion(1, p2, [310, IM_END], messages=m2, metadata={"token_prompt": built}, **tokens)]  # fmt: skip
+
+
+def test_reasoning_dropped_on_purpose_breaks_with_its_cause() -> None:
+    comps = reasoning_dropped_session(on_purpose=True)
+    traj = build_trajectory("prefix_merging", comps, eos_token_id=IM_END)
+    assert chains(traj) == [["c0"], ["c1"]]
+    (dropped,) = traj.metadata["breaks"]
+    p1 = comps[0].prompt_ids
+    assert dropped["cause"] == "reasoning_dropped" and dropped["closest_chain"] == 0
+    assert dropped["first_difference"] == len(p1) and dropped["expected_ids"][:2] == [151667, 500]
+    assert traj.traces[1].role == "main" and "reasoning_dropped" in (traj.traces[1].role_reason or "")
+    assert verify(traj, comps, raise_on_violation=True).ok
+    # the paper's rule joins it, and says the context differs
+    loose = build_trajectory("prefix_merging", comps, eos_token_id=IM_END, merge="prompt_prefix")
+    assert chains(loose) == [["c0", "c1"]] and loose.traces[0].metadata["context_exact"] == [True, False]
+    # without the proxy's word, the same prompts are a template's re-rendering
+    unsaid = build_trajectory("prefix_merging", reasoning_dropped_session(on_purpose=False), eos_token_id=IM_END)
+    assert [b["cause"] for b in unsaid.metadata["breaks"]] == ["history_rerendered"]
 
 
 def test_merge_is_checked_config() -> None:

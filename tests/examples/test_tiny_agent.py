@@ -1,8 +1,8 @@
 """Multi-turn fidelity on real sampling (issue 22): vLLM's CPU build serves the tiny tool-calling model that
 ``examples/tiny_agent`` makes from Polar's own data, and real CLIs over three protocols (pi on Chat Completions, codex
 on Responses, claude_code on Messages) run several sessions each through ``polar run``, at temperature 0.5. The model
-makes its harness's shell-tool call, gets the tool result and ends its turn, so every session makes at least two model
-calls.
+reasons (``<think>``, read by vLLM's reasoning parser), makes its harness's shell-tool call, gets the tool result and
+ends its turn, so every session makes at least two model calls.
 
 Checked on every session: ``verify`` passes against the session's journal; independently of the builder, the main
 trace is the journal's completions laid out as ``p_1 ‖ a_1 ‖ u_1 ‖ a_2 ‖ ...``: each ``a_m`` the completion's sampled
@@ -72,7 +72,8 @@ def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         override = os.environ.get("POLAR_TINY_AGENT_MODEL")
         model_dir = Path(override) if override else tiny_agent.cached_model()
     log = tmp_path_factory.mktemp("tiny-agent-vllm") / "vllm.log"
-    server = VllmServer(model_dir, log, max_model_len=tiny_agent.MAX_MODEL_LEN)
+    server = VllmServer(model_dir, log, max_model_len=tiny_agent.MAX_MODEL_LEN,
+                        extra_args=["--reasoning-parser", tiny_agent.REASONING_PARSER])  # fmt: skip
     server.start()
     try:
         server.wait_ready()
