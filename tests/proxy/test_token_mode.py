@@ -215,3 +215,41 @@ def test_google_in_token_mode(proxy: RunningProxy) -> None:
     text = "".join(c.text or "" for c in sdk.models.generate_content_stream(model="m", contents=history, config=config))
     assert text == "There is one file."
     _spliced_once(session)
+
+
+def test_a_vllm_server_without_the_token_routes_fails_the_backend_check_in_one_line(loop_thread: Any) -> None:
+    """What vllm 0.32 answers on the token routes when it was started without ``--enable-scale-out`` (403, its own
+    message), from a stand-in server: every test server of the suite runs with the flag."""
+    from aiohttp import web
+
+    from polar_cli.errors import BackendError
+    from polar_cli.registry import get_backend
+
+    disabled = {"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out "
+                          "to enable them.", "type": "PermissionDeniedError", "code": 403}}  # fmt: skip
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def refused(_: web.Request) -> web.Response:
+        return web.json_response(disabled, status=403)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions/render", refused)
+    app.router.add_post("/inference/v1/generate", refused)
+    url = loop_thread.serve(app)
+
+    async def check() -> None:
+        client = get_backend("vllm").client(url=url, model="m")
+        try:
+            await client.preflight(10)
+            await client.check_token_in(10)
+        finally:
+            await client.close()
+
+    with pytest.raises(BackendError) as failed:
+        loop_thread.run(check())
+    message = str(failed.value)
+    assert "\n" not in message and "/v1/chat/completions/render" in message and "--enable-scale-out" in message
+    assert url in message
