@@ -31,7 +31,7 @@ from polar_cli.builders import verify
 from polar_cli.models import Completion, SessionResult, Trace
 from polar_cli.proxy.journal import read_journal
 from polar_cli.registry import LOAD_ENV, get_harness
-from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python
+from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python, tokenize_messages
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -46,6 +46,7 @@ SAMPLES = 3
 TEMPERATURE = 0.5
 PLUGINS = "codex,claude-code"  # the plugin packages of codex and claude_code, and no stray installed plugin
 END_OF_TURN = 2  # the demo tokenizer's <|im_end|>
+
 
 
 def in_ci() -> bool:
@@ -174,7 +175,7 @@ def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
             check_layout(trace, journal)
         with httpx.Client(timeout=120) as client:
             for completion in journal:
-                body = {"model": MODEL_NAME, "messages": completion.request_messages, "add_generation_prompt": True}
+                body = {"model": MODEL_NAME, "messages": tokenize_messages(completion), "add_generation_prompt": True}
                 if completion.request_tools:
                     body["tools"] = completion.request_tools
                 tokens = client.post(f"{tiny_agent_url}/tokenize", json=body).json()["tokens"]

@@ -36,7 +36,7 @@ from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion, SessionResult
 from polar_cli.proxy.journal import read_journal
 from polar_cli.registry import LOAD_ENV, get_harness
-from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python
+from tests.support.vllm import MODEL_NAME, VllmServer, require_vllm_python, tokenize_messages
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -55,6 +55,7 @@ COMPACT_CALL = """'<tool_call>\\n{"name":' + (fn['name'] | tojson) + ',"argument
 KEPT_REASONING = "{%- set reasoning = message.get('reasoning_content') or message.get('reasoning') -%}"
 # (agent.token_mode, agent.keep_reasoning) of each run
 RUNS = (("messages", True), ("tokens", True), ("tokens", False))
+
 
 
 def in_ci() -> bool:
@@ -163,7 +164,7 @@ def verify_recompute(session: Session, model_dir: Path) -> None:
 
 def rendering(client: httpx.Client, url: str, completion: Completion) -> list[int]:
     """The server's own rendering of the messages the completion was sent (its template, the generation prompt)."""
-    body = {"model": MODEL_NAME, "messages": completion.request_messages, "add_generation_prompt": True}
+    body = {"model": MODEL_NAME, "messages": tokenize_messages(completion), "add_generation_prompt": True}
     if completion.request_tools:
         body["tools"] = completion.request_tools
     tokens: list[int] = client.post(f"{url}/tokenize", json=body).json()["tokens"]

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -149,6 +150,14 @@ def metric(url: str, name: str) -> float:
     """The sum of a metric's samples on the server's ``/metrics`` (e.g. ``vllm:num_requests_running``)."""
     lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+
+
+def tokenize_messages(completion: Any) -> list[dict[str, Any]]:
+    """A Completion's messages as ``/tokenize`` must get them to render what the chat route rendered: the chat route
+    gives the template an assistant turn's ``reasoning_content`` as ``reasoning`` too; ``/tokenize`` reads only
+    ``reasoning`` (vllm 0.32, .ci/VLLM_NOTES.md)."""
+    return [{**m, "reasoning": m["reasoning_content"]} if m.get("reasoning_content") and not m.get("reasoning") else m
+            for m in completion.request_messages]  # fmt: skip
 
 
 def make_idle(url: str) -> None:
