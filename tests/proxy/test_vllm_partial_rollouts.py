@@ -29,7 +29,7 @@ __all__ = ["vllm_model_dir", "vllm_url"]
 
 LOAD_S = 120.0
 PROMPT = [{"role": "user", "content": "hi"}]
-MAX_TOKENS = 2000  # long enough that the pause lands mid-call (about 10 s of sampling here)
+MAX_TOKENS = 12000  # the pause lands mid-call on an idle machine too (the engine runs ahead of its metrics)
 
 
 @pytest.fixture(scope="module")
