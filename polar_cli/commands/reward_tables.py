@@ -36,5 +36,5 @@ def task_reward_table(status: TaskStatus) -> Table | None:
     """The task's reward statistics (its finished sessions are one group), when the server sent them."""
     if status.rewards is None:
         return None
-    return reward_table(f"rewards of task {status.task_id} ({status.rewards.sessions} finished sessions)",
+    return reward_table(f"rewards of task {status.task_id}",
                         [([status.task_id, status.harness or "-"], status.rewards)], ["task", "harness"])  # fmt: skip
