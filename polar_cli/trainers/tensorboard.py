@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from polar_cli.groups import Group, GroupStats
-from polar_cli.rewards import DEFAULT_MIN_REWARD, outcome, reward_stats, trainable_tokens
+from polar_cli.rewards import DEFAULT_MIN_REWARD, reward_stats, trainable_tokens
 
 PREFIX = "polar"
 
@@ -23,17 +23,13 @@ class ScalarWriter(Protocol):
     def add_scalar(self, tag: str, scalar_value: float, global_step: int | None = None) -> Any: ...
 
 
-def _sessions(group: Group) -> list[Any]:
-    return sorted([*group.results, *(d.result for d in group.dropped)], key=lambda r: (r.sample_index, r.session_id))
-
-
 def step_scalars(groups: Sequence[Group], stats: GroupStats | None = None,
                  min_reward: float = DEFAULT_MIN_REWARD) -> dict[str, float]:  # fmt: skip
     """The step's scalars by name (docs/trainers.md lists them); a figure with no value this step is left out.
     ``groups``: the usable groups of the step; ``stats``: the same call's GroupStats (dropped groups, cancelled
     tasks); ``min_reward``: the reward at which a session is accepted (pass@k's correct)."""
     judged = [*groups, *(d.group for d in stats.dropped)] if stats is not None else list(groups)
-    rewards = reward_stats([[outcome(r, min_reward) for r in _sessions(g)] for g in judged])
+    rewards = reward_stats([g.outcomes(min_reward) for g in judged])
     out: dict[str, float] = {
         "rewards/sessions": rewards.sessions,
         "rewards/accepted": rewards.accepted,

@@ -165,6 +165,9 @@ def test_a_run_submits_within_its_bounds_and_stops_at_the_batch_size() -> None:
     stats = run.stats
     assert (stats.submitted, stats.usable, stats.unused, stats.cancelled) == (["a", "b", "c"], 1, ["b"], [])
     assert stats.dropped_by_reason() == {"all_equal": 1}
+    # judged: a (1, 1; dropped) and c (0, 1); b ended past the full batch and is not counted
+    assert (stats.rewards.groups, stats.rewards.sessions, stats.rewards.mean) == (2, 4, 0.75)
+    assert stats.rewards.zero_variance == 1 and stats.rewards.pass_at_k == {1: 0.75, 2: 1.0}
 
 
 def test_a_run_without_a_batch_size_takes_the_whole_source() -> None:
