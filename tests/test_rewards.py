@@ -1,4 +1,4 @@
-"""Reward statistics (polar_cli/rewards.py): pass@k against a table computed by hand, and the figures of a few groups."""
+"""Reward statistics (polar_cli/rewards.py): pass@k against a table worked out by hand, and a few groups' figures."""
 
 from __future__ import annotations
 
