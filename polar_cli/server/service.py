@@ -123,8 +123,9 @@ class RolloutServer:
         self.callbacks.metrics = self.metrics
         self._live: dict[str, NodeLive] = {}
         self._sampled: deque[tuple[float, int]] = deque()
-        self._recent = RecentTasks()
         """(when, trainable tokens) of each result accepted from a gateway in the last throughput window."""
+        self._recent = RecentTasks()
+        """The outcomes of the tasks that ended last, for ``ServiceStatus.rewards``."""
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
