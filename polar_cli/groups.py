@@ -29,8 +29,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from polar_cli.errors import ConfigError, PolarError
-from polar_cli.models import TERMINAL_TASK_STATES, SessionResult, StrictModel, TaskRequest, TaskStatus, Trace
+from polar_cli.models import (
+    TERMINAL_TASK_STATES,
+    RewardStats,
+    SessionResult,
+    StrictModel,
+    TaskRequest,
+    TaskStatus,
+    Trace,
+)
 from polar_cli.models.task import without_script
+from polar_cli.rewards import DEFAULT_MIN_REWARD, Outcome, outcome, reward_stats
 
 SessionCause = Literal["not_completed", "no_model_call", "no_trainable_token", "no_reward"]
 GroupDropReason = Literal["too_few_usable", "stale", "all_equal"]
@@ -101,6 +110,12 @@ class Group(BaseModel):
     def usable_fraction(self) -> float:
         return len(self.results) / self.num_samples
 
+    def outcomes(self, min_reward: float = DEFAULT_MIN_REWARD) -> list[Outcome]:
+        """Every finished session of the group, usable and dropped, in sample order: what its reward statistics
+        are computed from (``min_reward``: the reward at which a session is accepted)."""
+        sessions = [*self.results, *(d.result for d in self.dropped)]
+        return [outcome(r, min_reward) for r in sorted(sessions, key=lambda r: (r.sample_index, r.session_id))]
+
 
 class DroppedGroup(BaseModel):
     """A group ``groups()`` did not yield, and why."""
@@ -119,6 +134,10 @@ class GroupStats(BaseModel):
     cancelled: list[str] = Field(default_factory=list, description="tasks cancelled while still running")
     unused: list[str] = Field(default_factory=list, description="tasks that ended after batch_size was reached")
     source_exhausted: bool = False
+    rewards: RewardStats = Field(
+        default_factory=RewardStats,
+        description="reward statistics of every group judged so far, usable and dropped (polar_cli.rewards)",
+    )
 
     def dropped_by_reason(self) -> dict[str, int]:
         return dict(Counter(drop.reason for drop in self.dropped))
@@ -233,6 +252,7 @@ class GroupRun:
         self.running: dict[str, TaskRequest] = {}
         self.ended: list[tuple[TaskRequest, TaskStatus]] = []
         self._seen: set[str] = set()
+        self._judged: list[list[Outcome]] = []
 
     @property
     def limit(self) -> int | None:
@@ -298,6 +318,8 @@ class GroupRun:
                 self.stats.unused.append(task.task_id)
                 continue
             verdict = judge_group(task, status.results, self.config, policy_version)
+            self._judged.append((verdict.group if isinstance(verdict, DroppedGroup) else verdict).outcomes())
+            self.stats.rewards = reward_stats(self._judged)
             if isinstance(verdict, DroppedGroup):
                 self.stats.dropped.append(verdict)
             else:

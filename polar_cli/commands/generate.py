@@ -16,6 +16,7 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console, steps
+from polar_cli.commands.reward_tables import reward_table
 from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
@@ -64,6 +65,12 @@ def group_table(stats: list[GroupStats], group_by: str) -> Table:
         table.add_row(s.group, str(s.tasks), str(s.sessions), str(s.attempts), str(s.accepted), f"{s.rate:.1%}",
                       str(s.failed), str(s.trainable_tokens), f"{s.mean_turns:.1f}", style=style)  # fmt: skip
     return table
+
+
+def rewards_table(stats: list[GroupStats], group_by: str) -> Table:
+    """Per group (the total last): reward mean and std, zero-variance task groups, pass@k (accepted = correct)."""
+    return reward_table(f"rewards by {group_by}", [([s.group, str(s.tasks)], s.rewards) for s in stats],
+                        [group_by, "tasks"], bold_last=True)  # fmt: skip
 
 
 def generate_command(
@@ -157,10 +164,11 @@ def generate_command(
     if interrupted is not None and not (out / LEDGER).is_file():
         console.print(f"interrupted ({interrupted.name}) before anything ran; nothing was written to {out}")
         raise typer.Exit(interrupted.exit_code)
-    rows, failed = finished_sessions(out)
+    rows, failed, harnesses = finished_sessions(out)
+    by_harness = group_stats(rows, by=harnesses)
     if as_json:
-        emit_json(summary(out, group_by, rows, failed))
-    report(out, group_by, rows, failed, console if as_json else stdout_console())
+        emit_json(summary(out, group_by, rows, failed, by_harness))
+    report(out, group_by, rows, failed, by_harness, console if as_json else stdout_console())
     if interrupted is not None:
         console.print(
             f"interrupted ({interrupted.name}): the {len(rows)} sessions that finished are kept in {out}; run the "
@@ -174,35 +182,46 @@ def generate_command(
         raise typer.Exit(1)
 
 
-def finished_sessions(out: Path) -> tuple[list[ResultRow], list[SessionResult]]:
-    """Every final result's summary row in ``out``'s ledger, and the SessionResults of those that did not complete
-    (read once, for the tables and ``--json`` alike)."""
+def finished_sessions(out: Path) -> tuple[list[ResultRow], list[SessionResult], dict[str, str]]:
+    """Every final result's summary row in ``out``'s ledger, the SessionResults of those that did not complete, and
+    each task's harness (read once, for the tables and ``--json`` alike)."""
     with open_ledger(out, must_exist=True) as ledger:
         rows = ledger.rows()
         failed = [
             SessionResult.model_validate_json(blob) for row, blob in ledger.results() if row.status != "completed"
         ]
-    return rows, failed
+        harnesses = ledger.harnesses()
+    return rows, failed, harnesses
 
 
-def summary(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult]) -> dict[str, Any]:
-    """``--json``'s document: the folder, the acceptance statistics per group (the last is the total), and every
-    session that did not complete."""
-    groups = [{"group": s.group, "tasks": s.tasks, "sessions": s.sessions, "attempts": s.attempts,
-               "accepted": s.accepted, "rate": s.rate, "failed": s.failed, "trainable_tokens": s.trainable_tokens,
-               "mean_turns": s.mean_turns} for s in group_stats(rows)]  # fmt: skip
+def _stats_json(s: GroupStats) -> dict[str, Any]:
+    return {"group": s.group, "tasks": s.tasks, "sessions": s.sessions, "attempts": s.attempts,
+            "accepted": s.accepted, "rate": s.rate, "failed": s.failed, "trainable_tokens": s.trainable_tokens,
+            "mean_turns": s.mean_turns, "rewards": s.rewards.model_dump(mode="json")}  # fmt: skip
+
+
+def summary(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult],
+            by_harness: list[GroupStats]) -> dict[str, Any]:  # fmt: skip
+    """``--json``'s document: the folder, the acceptance and reward statistics per group and per harness (the last of
+    each is the total), and every session that did not complete."""
     return {
         "out": str(out), "group_by": group_by, "sessions": len(rows),
         "completed": sum(r.status == "completed" for r in rows), "accepted": sum(r.accepted for r in rows),
-        "groups": groups,
+        "groups": [_stats_json(s) for s in group_stats(rows)],
+        "harnesses": [_stats_json(s) for s in by_harness],
         "failed": [{"session_id": r.session_id, "task_id": r.task_id, "status": r.status, "error": r.error}
                    for r in failed],
     }  # fmt: skip
 
 
-def report(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult], console: Console) -> None:
-    """The acceptance table and the sessions that failed (with the ``polar run`` summary table)."""
-    console.print(group_table(group_stats(rows), group_by))
+def report(out: Path, group_by: str, rows: list[ResultRow], failed: list[SessionResult], by_harness: list[GroupStats],
+           console: Console) -> None:  # fmt: skip
+    """The acceptance table, the reward tables (per group, per harness) and the sessions that failed (with the
+    ``polar run`` summary table)."""
+    stats = group_stats(rows)
+    console.print(group_table(stats, group_by))
+    console.print(rewards_table(stats, group_by))
+    console.print(rewards_table(by_harness, "harness"))
     if failed:
         table = summary_table(failed[:20])
         table.title = f"failed sessions ({len(failed)}{', first 20' if len(failed) > 20 else ''})"

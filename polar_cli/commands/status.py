@@ -22,14 +22,19 @@ from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.inference import pools_table
 from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.commands.output import JsonOption, emit_json, stdout_console
+from polar_cli.commands.reward_tables import reward_table, task_reward_table
 from polar_cli.commands.run import add_result_columns, result_cells, styled
 from polar_cli.commands.submit import ServerOption, TokenOption
 from polar_cli.errors import PolarError
-from polar_cli.models import ServiceStatus, SessionState, StatusReport, TaskStatus
+from polar_cli.models import RecentRewards, ServiceStatus, SessionState, StatusReport, TaskStatus
 
 WATCH_TIMEOUT_S = 10.0
 """Each request of ``--watch``: a server that hangs shows up as an error within this, and the next refresh tries
 again."""
+
+
+RECENT_TASKS_SHOWN = 5
+"""Rows of the service view's table of the last ended tasks (``--json`` has every task the server sent)."""
 
 
 def _ago(timestamp: float | None) -> str:
@@ -87,12 +92,32 @@ def service_tables(status: ServiceStatus) -> Group:
     if status.pending_callbacks is not None:
         pending += f"   trainer callbacks not yet delivered: {status.pending_callbacks}"
     parts.append(pending)
+    if status.rewards is not None and status.rewards.tasks:
+        parts.extend(recent_reward_tables(status.rewards))
     if isinstance(status, StatusReport):
         if status.inference is not None:
             parts.append(pools_table(status.inference))
         elif status.inference_error is not None:
             parts.append(f"[red]inference pools: {escape(status.inference_error)}[/red]")
     return Group(*parts)
+
+
+def recent_reward_tables(rewards: RecentRewards) -> list[Table]:
+    """The rewards of the last tasks that ended: per harness, and the newest tasks one by one."""
+    count = len(rewards.tasks)
+    harnesses = [([h.harness, str(h.tasks)], h.stats) for h in rewards.harnesses]
+    per_harness = reward_table(f"rewards by harness (the last {count} tasks that ended)", harnesses,
+                               ["harness", "tasks"])  # fmt: skip
+    shown = rewards.tasks[-RECENT_TASKS_SHOWN:]
+    per_task = reward_table(f"rewards of the last {len(shown)} tasks that ended",
+                            [([t.task_id, t.harness or "-"], t.stats) for t in shown], ["task", "harness"])  # fmt: skip
+    return [per_harness, per_task]
+
+
+def task_view(status: TaskStatus) -> RenderableType:
+    """The task's sessions and its reward statistics."""
+    rewards = task_reward_table(status)
+    return task_table(status) if rewards is None else Group(task_table(status), rewards)
 
 
 def task_table(status: TaskStatus) -> Table:
@@ -123,7 +148,7 @@ def status_report(client: PolarClient) -> StatusReport:
 
 
 def _view(answer: TaskStatus | StatusReport) -> RenderableType:
-    return task_table(answer) if isinstance(answer, TaskStatus) else service_tables(answer)
+    return task_view(answer) if isinstance(answer, TaskStatus) else service_tables(answer)
 
 
 def watch(fetch: Callable[[], TaskStatus | StatusReport], interval: float, count: int | None, as_json: bool) -> None:

@@ -18,6 +18,7 @@ from rich.console import Console
 from polar_cli.client import SERVER_ENV, TOKEN_ENV, PolarClient
 from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console
+from polar_cli.commands.reward_tables import task_reward_table
 from polar_cli.commands.run import build_task, styled, summary_table
 from polar_cli.models import SubmitAnswer, TaskStatus
 
@@ -87,7 +88,10 @@ def submit(
     if final is None:
         return
     results = sorted(final.results, key=lambda r: (r.sample_index, r.session_id))
-    (console if as_json else stdout_console()).print(summary_table(results))
+    out = console if as_json else stdout_console()
+    out.print(summary_table(results))
+    if (rewards := task_reward_table(final)) is not None:
+        out.print(rewards)
     console.print(f"task {final.task_id}: {outcome(final)}")
     if as_json:
         emit_json(final)

@@ -1,6 +1,6 @@
 """The dataset card: ``README.md`` with HuggingFace YAML metadata (license, configs, task categories, size), the
 configs' columns, and per stratum (``--stratify-by``, default ``repo``) the paper's Table 2 (attempts, accepted, rate;
-then the total) and the sessions in each split."""
+then the total), the reward statistics (mean, std, zero-variance groups, pass@k) and the sessions in each split."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import yaml
 
 from polar_cli.generate.stats import TOTAL, GroupStats
+from polar_cli.rewards import shown_ks, zero_variance_cell
 
 SIZES = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
          (10_000_000, "1M<n<10M")]  # fmt: skip
@@ -42,6 +43,14 @@ def dataset_card(*, license: str, splits: dict[str, dict[str, int]], stats: Sequ
         f"{s.rate:.1%} | {s.failed} | {s.tokens} | {s.trainable_tokens} | {s.mean_turns:.1f} |"
         for s in stats
     )
+    ks = shown_ks(max((max(s.rewards.pass_at_k, default=0) for s in stats), default=0))
+    reward_rows = "\n".join(
+        _row([_bold(s.group, s is stats[-1]), str(s.tasks), str(s.sessions), str(s.rewards.rewarded),
+              _number(s.rewards.mean), _number(s.rewards.std), zero_variance_cell(s.rewards),
+              *(_number(s.rewards.pass_at_k.get(k)) for k in ks)])
+        for s in stats
+    )  # fmt: skip
+    pass_header = "".join(f" pass@{k} |" for k in ks)
     split_names = sorted({split for counts in per_split.values() for split in counts}, key=_split_order)
     totals = {split: sum(c.get(split, 0) for c in per_split.values()) for split in split_names}
     split_rows = [*per_split.items(), (TOTAL, totals)]
@@ -110,6 +119,15 @@ sessions; failed sessions errored, timed out or were cancelled; tokens are promp
 |---|---|---|---|---|---|---|---|---|---|
 {rows}
 
+Rewards of the same sessions: mean and (population) standard deviation over the sessions with a reward;
+zero-variance groups are tasks whose sessions all got the same reward (a single session included: no GRPO advantage),
+of the tasks with a reward; pass@k is the unbiased estimator of Chen et al. 2021, `1 - C(n-c, k) / C(n, k)` for a task
+with `n` sessions of which `c` were accepted, averaged over the tasks with at least `k` sessions.
+
+| {group_by} | tasks | sessions | rewarded | reward mean | reward std | zero-variance groups |{pass_header}
+|---|---|---|---|---|---|---|{"---|" * len(ks)}
+{reward_rows}
+
 ## Exported sessions by {group_by} and split
 
 {_row([group_by, *split_names])}
@@ -120,6 +138,10 @@ sessions; failed sessions errored, timed out or were cancelled; tokens are promp
 
 def _row(cells: Sequence[str]) -> str:
     return f"| {' | '.join(cells)} |"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _bold(text: str, bold: bool) -> str:

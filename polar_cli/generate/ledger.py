@@ -146,6 +146,11 @@ class Ledger:
         query = "SELECT task_id, json_extract(request, ?) FROM tasks"
         return {t: "-" if v is None else str(v) for t, v in self.db.execute(query, (path,))}
 
+    def harnesses(self) -> dict[str, str]:
+        """Each task's ``agent.harness``."""
+        query = "SELECT task_id, json_extract(request, '$.agent.harness') FROM tasks"
+        return {t: "-" if v is None else str(v) for t, v in self.db.execute(query)}
+
     # ---- attempts -----------------------------------------------------------------------------------------------
 
     def attempts(self, task_id: str, sample_index: int) -> list[Attempt]:

@@ -29,6 +29,7 @@ from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
+from polar_cli.rewards import is_accepted, trainable_tokens
 from polar_cli.server.config import ServerConfig
 
 SERVICE_DIR = "service"
@@ -124,8 +125,8 @@ async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
 def summarize(task: TaskRequest, sample: int, group: str, attempt: int, result: SessionResult,
               accept_min_reward: float) -> ResultRow:  # fmt: skip
     traces = result.trajectory.traces
-    trainable = sum(t.trainable_tokens for t in traces if t.trainable)  # side traces (by default) train nothing
-    accepted = result.status == "completed" and trainable > 0 and (result.reward or 0.0) >= accept_min_reward
+    trainable = trainable_tokens(result)  # side traces (by default) train nothing
+    accepted = is_accepted(result, accept_min_reward)
     return ResultRow(
         task_id=task.task_id, sample_index=sample, session_id=result.session_id, group=group, attempts=attempt,
         status=result.status, reward=result.reward, accepted=accepted, trainable_tokens=trainable,

@@ -2,6 +2,7 @@
 
 from polar_cli.models.base import StrictModel, validate_model
 from polar_cli.models.completion import Completion, PromptSpan, Provider, TokenMode, TokenSource
+from polar_cli.models.rewards import HarnessRewards, RecentRewards, RewardStats, TaskRewards
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     TRAINER_CALLBACK,
@@ -49,6 +50,7 @@ __all__ = [
     "Completion",
     "EvaluatorSpec",
     "GatewayPool",
+    "HarnessRewards",
     "InferenceStatus",
     "Mount",
     "NodeLoad",
@@ -57,7 +59,9 @@ __all__ = [
     "PrepareAction",
     "PromptSpan",
     "Provider",
+    "RecentRewards",
     "RewardAssignment",
+    "RewardStats",
     "RuntimeSpec",
     "SamplingSpec",
     "ServiceStatus",
@@ -69,6 +73,7 @@ __all__ = [
     "StrictModel",
     "SubmitAnswer",
     "TaskRequest",
+    "TaskRewards",
     "TaskState",
     "TaskStatus",
     "TaskStatusCallback",

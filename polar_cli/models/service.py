@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, TypeAdapter
 
 from polar_cli.models.inference import PauseMode, PoolStatus
+from polar_cli.models.rewards import RecentRewards
 from polar_cli.models.session import SessionResult, TaskState, TaskStatus
 
 TERMINAL_TASK_STATES: frozenset[TaskState] = frozenset({"completed", "failed", "cancelled"})
@@ -66,7 +67,8 @@ class Throughput(BaseModel):
 
 
 class ServiceStatus(BaseModel):
-    """``GET /rollout/status``: tasks by state, sessions by state, the nodes, and throughput over the last minutes."""
+    """``GET /rollout/status``: tasks by state, sessions by state, the nodes, throughput over the last minutes, and the
+    reward statistics of the tasks that ended last (per task and per harness)."""
 
     tasks: dict[TaskState, int] = Field(default_factory=dict)
     nodes: list[NodeStatus] = Field(default_factory=list)
@@ -76,6 +78,7 @@ class ServiceStatus(BaseModel):
     throughput: list[Throughput] = Field(default_factory=list)
     server_time: float | None = None
     """The server's clock (Unix seconds) when it answered."""
+    rewards: RecentRewards | None = None
 
 
 class GatewayPool(BaseModel):

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_cli.models.rewards import RewardStats
 from polar_cli.models.trace import Trajectory, TrajectoryStatus
 
 
@@ -46,4 +47,8 @@ class TaskStatus(BaseModel):
     updated_at: float | None = None
     error: str | None = Field(
         default=None, description="why a failed task failed, where one cause explains it (every session no_model_call)"
+    )
+    harness: str | None = Field(default=None, description="the task's agent.harness")
+    rewards: RewardStats | None = Field(
+        default=None, description="the finished sessions' reward statistics (the task is one group; None: not asked)"
     )

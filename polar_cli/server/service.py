@@ -32,7 +32,7 @@ import httpx
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
 from polar_cli.ids import session_id_for
 from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
-from polar_cli.models import NodeLoad, SessionResult, TaskRequest, TaskStatus
+from polar_cli.models import NodeLoad, RecentRewards, SessionResult, TaskRequest, TaskStatus
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     THROUGHPUT_WINDOWS_S,
@@ -56,6 +56,7 @@ from polar_cli.node_protocol import (
     SessionResultAnswer,
     SessionResultBody,
 )
+from polar_cli.rewards import RECENT_TASKS, RecentTasks
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
 from polar_cli.server.inference import InferenceControl
@@ -123,6 +124,8 @@ class RolloutServer:
         self._live: dict[str, NodeLive] = {}
         self._sampled: deque[tuple[float, int]] = deque()
         """(when, trainable tokens) of each result accepted from a gateway in the last throughput window."""
+        self._recent = RecentTasks()
+        """The outcomes of the tasks that ended last, for ``ServiceStatus.rewards``."""
         self._nodes: dict[str, NodeRow] = {}
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
@@ -250,7 +253,17 @@ class RolloutServer:
             sessions=sessions,
             throughput=self._throughput(now),
             server_time=now,
+            rewards=self._recent_rewards(),
         )
+
+    def _recent_rewards(self) -> RecentRewards:
+        """The reward statistics of the last tasks that ended (each task's results are read once: they are final)."""
+        task_ids = self.store.ended_tasks(RECENT_TASKS)
+        for task_id in task_ids:
+            if not self._recent.known(task_id):
+                status = self.store.task_status(task_id)
+                self._recent.add(task_id, status.harness, status.results)
+        return self._recent.report(task_ids[::-1])
 
     def _throughput(self, now: float) -> list[Throughput]:
         finished = self.store.finished_since([now - window for window in THROUGHPUT_WINDOWS_S])

@@ -33,6 +33,7 @@ from polar_cli.models import (
     Trajectory,
     TrajectoryStatus,
 )
+from polar_cli.rewards import task_reward_stats
 
 UNFINISHED = ("pending", "dispatched", "running")
 ASSIGNED = ("dispatched", "running")
@@ -138,6 +139,7 @@ class SessionStore(Protocol):
     def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
     def task_state(self, task_id: str) -> TaskState: ...
     def task_counts(self) -> dict[TaskState, int]: ...
+    def ended_tasks(self, limit: int) -> list[str]: ...
     def session(self, session_id: str) -> SessionRow: ...
     def sessions(
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
@@ -177,6 +179,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
     task_id TEXT PRIMARY KEY, body TEXT NOT NULL, digest TEXT NOT NULL, num_samples INTEGER NOT NULL,
     callback_url TEXT, state TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_updated ON tasks(updated_at);
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(task_id), sample_index INTEGER NOT NULL,
     state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, node_id TEXT, result TEXT, updated_at REAL NOT NULL);
@@ -372,6 +375,8 @@ class SQLiteStore:
             created_at=task["created_at"],
             updated_at=task["updated_at"],
             error=error,
+            harness=orjson.loads(task["body"]).get("agent", {}).get("harness"),
+            rewards=task_reward_stats(results) if with_results else None,
         )
 
     def _status_counts(self, task_id: str) -> dict[str, int]:
@@ -391,6 +396,15 @@ class SQLiteStore:
     def task_counts(self) -> dict[TaskState, int]:
         rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
         return {cast(TaskState, r["state"]): r["n"] for r in rows}
+
+    def ended_tasks(self, limit: int) -> list[str]:
+        """The ``limit`` tasks that ended last (completed, failed or cancelled), the newest first."""
+        rows = self._db.execute(
+            "SELECT task_id FROM tasks WHERE state IN ('completed', 'failed', 'cancelled') "
+            "ORDER BY updated_at DESC, task_id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [r["task_id"] for r in rows]
 
     def _refresh_task(self, db: sqlite3.Connection, task_id: str, now: float) -> bool:
         """Recompute the task's state; True when this change ended it (and queue its final callback)."""

@@ -1,7 +1,8 @@
 """Trainer adapters (docs/trainers.md): Polar's traces and groups in the shapes Slime, veRL and TRL consume.
 
 Plain functions over Polar's models; no trainer is imported when this package is (each output's ``to_native()``
-imports its trainer when called). The shared rules (which traces are samples, status, mask, flat logprobs) are in
+imports its trainer when called); :mod:`polar_cli.trainers.tensorboard` names a step's rollout statistics for any
+``SummaryWriter``. The shared rules (which traces are samples, status, mask, flat logprobs) are in
 :mod:`polar_cli.trainers.rules`.
 """
 
@@ -16,6 +17,7 @@ from polar_cli.trainers.rules import (
     trace_sample,
 )
 from polar_cli.trainers.slime import SlimeSample, slime_groups, slime_sample, slime_samples
+from polar_cli.trainers.tensorboard import step_scalars, write_step
 from polar_cli.trainers.trl import TrlRolloutOutput, distinct_prompts, polar_reward_func, trl_rollout
 from polar_cli.trainers.verl import (
     VerlAgentLoopMetrics,
@@ -42,9 +44,11 @@ __all__ = [
     "slime_groups",
     "slime_sample",
     "slime_samples",
+    "step_scalars",
     "trace_sample",
     "trl_rollout",
     "verl_output",
     "verl_outputs",
     "verl_trace_output",
+    "write_step",
 ]

@@ -22,6 +22,7 @@ from polar_cli.models import ServiceStatus, TaskStatus
 from tests.client.conftest import Served
 from tests.gateway.test_node import task
 from tests.server.procs import waiting_task
+from tests.support.planned import planned
 
 WIDE = {"COLUMNS": "200"}
 
@@ -53,6 +54,55 @@ def test_submit_wait_summarizes_sessions_and_status_shows_the_service(served: Se
     assert "task cli-ok: completed" in one.stdout and one.stdout.count("finished") == 2
     one_json = CliRunner().invoke(build_app(), ["status", "cli-ok", *server, "--json"], env=WIDE)
     assert TaskStatus.model_validate_json(one_json.stdout).completed == 2
+
+
+def table_row(output: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first``."""
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│┃").split("│")]
+        if "│" in line and cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in:\n{output}")
+
+
+def test_reward_statistics_in_submit_wait_status_and_its_json(served: Served, tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed.json"  # rewards 1, 0, 1, 0: two accepted of four
+    mixed.write_text(planned("rw-mixed", ["pass", "fail", "pass", "fail"], tmp_path).model_dump_json())
+    server = ["--server", served.url, "--token", served.token]
+    waited = CliRunner().invoke(build_app(), ["submit", str(mixed), *server, "--wait"], env=WIDE)
+    assert waited.exit_code == 0, waited.output
+    assert "rewards of task rw-mixed" in waited.stdout
+    figures = ["4", "4", "0.500", "0.500", "0/1 (0%)", "0.500", "0.833", "1.000", "1.000"]  # pass@2 = 1 - 1/6
+    assert table_row(waited.stdout, "rw-mixed") == ["rw-mixed", "shell", *figures]
+
+    one = CliRunner().invoke(build_app(), ["status", "rw-mixed", *server], env=WIDE)
+    assert one.exit_code == 0, one.output
+    assert "pass@4" in one.stdout and table_row(one.stdout, "rw-mixed") == ["rw-mixed", "shell", *figures]
+    as_json = CliRunner().invoke(build_app(), ["status", "rw-mixed", *server, "--json"], env=WIDE)
+    status = TaskStatus.model_validate_json(as_json.stdout)
+    assert status.harness == "shell" and status.rewards is not None
+    rewards = status.rewards
+    assert (rewards.sessions, rewards.rewarded, rewards.accepted, rewards.mean, rewards.std) == (4, 4, 2, 0.5, 0.5)
+    assert (rewards.groups, rewards.zero_variance, rewards.zero_variance_share) == (1, 0, 0.0)
+    assert rewards.pass_at_k == pytest.approx({1: 0.5, 2: 5 / 6, 3: 1.0, 4: 1.0})
+    assert json.loads(as_json.stdout)["rewards"]["pass_at_k"]["2"] == pytest.approx(5 / 6)
+
+    with PolarClient(served.url, served.token) as client:  # all equal: a zero-variance group
+        client.submit(planned("rw-equal", ["pass", "pass"], tmp_path))
+        assert client.wait("rw-equal", timeout=60).state == "completed"
+    overview = CliRunner().invoke(build_app(), ["status", *server, "--json"], env=WIDE)
+    service = ServiceStatus.model_validate_json(overview.stdout)
+    assert service.rewards is not None
+    recent = {t.task_id: t for t in service.rewards.tasks}
+    assert recent["rw-mixed"].stats == rewards and recent["rw-equal"].harness == "shell"
+    assert recent["rw-equal"].stats.zero_variance == 1 and recent["rw-equal"].stats.pass_at_k == {1: 1.0, 2: 1.0}
+    shell = next(h for h in service.rewards.harnesses if h.harness == "shell")
+    assert shell.tasks == sum(t.harness == "shell" for t in service.rewards.tasks) >= 2
+    watch = CliRunner().invoke(build_app(), ["status", *server, "--watch", "--count", "1"], env=WIDE)
+    assert watch.exit_code == 0, watch.output
+    assert "rewards by harness" in watch.stdout and table_row(watch.stdout, "shell")[:2] == ["shell", str(shell.tasks)]
+    assert table_row(watch.stdout, "rw-equal")[1:] == ["shell", "2", "2", "1.000", "0.000", "1/1 (100%)", "1.000",
+                                                      "1.000", "-", "-"]  # fmt: skip
 
 
 def test_submit_wait_exits_1_when_a_session_errored(served: Served, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from polar_cli.models import PolicyVersions, SessionResult, TaskRequest, TaskSta
 from tests.client.conftest import Served
 from tests.gateway.test_node import SCRIPT
 from tests.support.docs import ROOT, code_blocks
+from tests.support.planned import called, gate, planned
 
 # ---- the rules, pure ------------------------------------------------------------------------------------------------
 
@@ -166,6 +165,9 @@ def test_a_run_submits_within_its_bounds_and_stops_at_the_batch_size() -> None:
     stats = run.stats
     assert (stats.submitted, stats.usable, stats.unused, stats.cancelled) == (["a", "b", "c"], 1, ["b"], [])
     assert stats.dropped_by_reason() == {"all_equal": 1}
+    # judged: a (1, 1; dropped) and c (0, 1); b ended past the full batch and is not counted
+    assert (stats.rewards.groups, stats.rewards.sessions, stats.rewards.mean) == (2, 4, 0.75)
+    assert stats.rewards.zero_variance == 1 and stats.rewards.pass_at_k == {1: 0.75, 2: 1.0}
 
 
 def test_a_run_without_a_batch_size_takes_the_whole_source() -> None:
@@ -195,69 +197,6 @@ def test_groups_refuses_one_task_for_a_source_before_any_request() -> None:
 
 
 # ---- client.groups against a real polar serve ------------------------------------------------------------------------
-
-AGENT = """
-import json, os, sys, time, urllib.request
-claims = os.environ["CLAIMS"]
-os.makedirs(claims, exist_ok=True)
-ordinal = 0
-while True:
-    try:
-        os.mkdir(os.path.join(claims, str(ordinal)))
-        break
-    except FileExistsError:
-        ordinal += 1
-act = os.environ["PLAN"].split(",")[ordinal]
-if act != "none":
-    url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
-    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
-    body = json.dumps({"model": os.environ["POLAR_MODEL"], "messages": [{"role": "user", "content": "go"}]})
-    json.load(urllib.request.urlopen(urllib.request.Request(url, data=body.encode(), headers=headers)))
-open(os.path.join(claims, str(ordinal), "called"), "w").close()
-if act == "gate":
-    while not os.path.exists(os.environ["GATE"]):
-        time.sleep(0.05)
-if act in ("pass", "gate"):
-    open("passed", "w").close()
-if act == "crash":
-    sys.exit("crashed as planned")
-if act == "hang":
-    time.sleep(3600)
-"""
-"""Each session claims the next ordinal and plays ``PLAN[ordinal]``: ``pass`` (a model call, reward 1), ``fail``
-(a call, reward 0), ``crash`` (a call, exit 1: status error), ``none`` (no call, exit 0), ``hang`` (a call, then
-sleeps), ``gate`` (a call, then waits for ``$GATE`` and passes); each writes ``called`` in its claim once past its
-call."""
-
-
-def planned(task_id: str, plan: list[str], root: Path, **metadata: Any) -> TaskRequest:
-    return TaskRequest.model_validate({
-        "task_id": task_id,
-        "instruction": f"do {task_id}",
-        "num_samples": len(plan),
-        "timeout_seconds": 60,
-        "agent": {
-            "harness": "shell",
-            "env": {"CLAIMS": str(root / "claims" / task_id), "PLAN": ",".join(plan), "GATE": str(gate(root, task_id))},
-            "config": {"command": f'exec {sys.executable} "$HOME/agent.py"', "files": {"agent.py": AGENT}},
-        },
-        "builder": {"strategy": "per_request"},
-        "evaluator": {"strategy": "test_on_output", "config": {"command": "test -f passed"}},
-        "metadata": {"script": SCRIPT, **metadata},
-    })  # fmt: skip
-
-
-def gate(root: Path, task_id: str) -> Path:
-    return root / "gates" / task_id
-
-
-def called(root: Path, task_id: str, n: int, timeout: float = 60) -> None:
-    """Until ``n`` sessions of the task have made their model call."""
-    end = time.monotonic() + timeout
-    while len(list((root / "claims" / task_id).glob("*/called"))) < n:
-        assert time.monotonic() < end, f"{task_id}: {n} sessions did not make their call"
-        time.sleep(0.05)
-
 
 def complete(group: Group) -> None:
     assert len(group.results) + len(group.dropped) == group.num_samples

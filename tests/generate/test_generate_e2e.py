@@ -26,6 +26,7 @@ from polar_cli.harnesses.testing import in_ci, missing_cli_reason
 from polar_cli.models import Completion, Trace, Trajectory
 from polar_cli.proxy.journal import read_journal
 from polar_cli.registry import get_harness
+from polar_cli.rewards import zero_variance_cell
 from tests.generate.hub import FakeHub
 from tests.support.readme import polar_commands, readme_block
 
@@ -116,6 +117,15 @@ def test_acceptance_table_matches_the_results(run: dict[str, Any]) -> None:
         assert cells[:6] == [group, str(s.tasks), str(s.sessions), str(s.attempts), str(s.accepted), f"{s.rate:.1%}"]
     assert stats["total"].sessions == len(TASKS) and stats["total"].accepted == len(TASKS) - 1
     assert stats["demo/calc"].accepted == 2 and stats["demo/files"].accepted == 1
+    for title, first in (("rewards by repo", "total"), ("rewards by harness", "pi")):
+        section = run["stdout"][run["stdout"].index(title):]
+        cells = next(re.split(r"\s*│\s*", line.strip("│ ")) for line in section.splitlines()
+                     if line.startswith(f"│ {first} "))  # fmt: skip
+        total = stats["total"].rewards  # every task ran pi
+        assert total.mean is not None and total.std is not None and total.pass_at_k
+        assert cells[:7] == [first, str(stats["total"].tasks), str(total.sessions), str(total.rewarded),
+                             f"{total.mean:.3f}", f"{total.std:.3f}", zero_variance_cell(total)], title  # fmt: skip
+        assert cells[7] == f"{total.pass_at_k[1]:.3f}"
 
 
 def _journal(run: dict[str, Any], session_id: str, traces: list[Trace]) -> list[Completion]:

@@ -1,5 +1,6 @@
 """Fast checks without a harness: the stratified split, dataset options validated before anything runs, the hf
-dataset's mapping, the export's filters on a ledger of synthetic results, and its SWE instance columns."""
+dataset's mapping, the export's filters on a ledger of synthetic results, its SWE instance columns, and the reward
+statistics of generate's tables and the card."""
 
 from __future__ import annotations
 
@@ -199,3 +200,53 @@ def test_export_carries_context_exact_and_the_card_counts_the_inexact_traces(tmp
     card = (tmp_path / "ds" / "README.md").read_text()
     assert "1 of the 2 traces have `context_exact: false`" in card and "`merge: prompt_prefix`" in card
     assert [t.trace.context_exact for t in load_traces(tmp_path / "ds")] == [False, True]  # polar verify reads it
+
+
+def test_generate_tables_json_and_the_card_show_reward_statistics(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from polar_cli.commands.generate import finished_sessions, report, summary
+    from polar_cli.generate import group_stats
+
+    plan = {"a1": ("a", "pi", [1.0, 0.0]), "a2": ("a", "pi", [1.0, 1.0]), "b1": ("b", "shell", [0.0, 0.0])}
+    with Ledger(tmp_path / "gen") as ledger:
+        for i, (task_id, (repo, harness, rewards)) in enumerate(plan.items()):
+            task = TaskRequest(task_id=task_id, instruction="x", agent={"harness": harness}, metadata={"repo": repo})
+            ledger.remember_task(i, repo, task)
+            for sample, reward in enumerate(rewards):
+                session = f"{task_id}-{sample}"
+                row = ResultRow(task_id, sample, session, repo, 1, "completed", reward, reward >= 1.0, 2, 4, 1, 1)
+                result = _result(task_id, reward).model_copy(update={"session_id": session, "sample_index": sample})
+                assert ledger.finish(row, result)
+    rows, failed, harnesses = finished_sessions(tmp_path / "gen")
+    assert harnesses == {"a1": "pi", "a2": "pi", "b1": "shell"}
+    by_harness = group_stats(rows, by=harnesses)
+    console = Console(record=True, width=200)
+    report(tmp_path / "gen", "repo", rows, failed, by_harness, console)
+    text = console.export_text()
+    assert "rewards by repo" in text and "rewards by harness" in text
+
+    def cells(first: str, after: str) -> list[str]:
+        line = next(line for line in text[text.index(after):].splitlines() if line.startswith(f"│ {first} "))
+        return [c.strip() for c in line.strip("│").split("│")]
+
+    # repo a: rewards 1, 0 | 1, 1 (pass@1 = (1/2 + 1) / 2); repo b: 0, 0; the total: the three tasks
+    a = ["2", "4", "4", "0.750", "0.433", "1/2 (50%)", "0.750", "1.000"]
+    b = ["1", "2", "2", "0.000", "0.000", "1/1 (100%)", "0.000", "0.000"]
+    total = ["3", "6", "6", "0.500", "0.500", "2/3 (67%)", "0.500", "0.667"]
+    assert cells("a", "rewards by repo") == ["a", *a] and cells("b", "rewards by repo") == ["b", *b]
+    assert cells("total", "rewards by repo") == ["total", *total]
+    assert cells("pi", "rewards by harness") == ["pi", *a] and cells("shell", "rewards by harness") == ["shell", *b]
+    assert cells("total", "rewards by harness") == ["total", *total]
+
+    document = json.loads(json.dumps(summary(tmp_path / "gen", "repo", rows, failed, by_harness)))
+    assert [g["group"] for g in document["groups"]] == ["a", "b", "total"]
+    assert document["groups"][0]["rewards"]["pass_at_k"] == {"1": 0.75, "2": 1.0}
+    assert document["harnesses"][1]["group"] == "shell" and document["harnesses"][1]["rewards"]["zero_variance"] == 1
+
+    export(tmp_path / "gen", tmp_path / "ds", ExportOptions(stratify_by="repo"))
+    card = (tmp_path / "ds" / "README.md").read_text()
+    header = "| repo | tasks | sessions | rewarded | reward mean | reward std | zero-variance groups | pass@1 | pass@2 |"  # noqa: E501
+    assert header in card
+    assert "| a | 2 | 4 | 4 | 0.750 | 0.433 | 1/2 (50%) | 0.750 | 1.000 |" in card
+    assert "| **total** | 3 | 6 | 6 | 0.500 | 0.500 | 2/3 (67%) | 0.500 | 0.667 |" in card
