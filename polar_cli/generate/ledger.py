@@ -132,6 +132,13 @@ class Ledger:
         )
         return task
 
+    def reorder(self, task_ids: Iterable[str]) -> None:
+        """Put the tasks in this order (the dataset order), in one transaction; tasks not named keep theirs."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.executemany("UPDATE tasks SET position = ? WHERE task_id = ?",
+                                [(n, t) for n, t in enumerate(task_ids)])  # fmt: skip
+
     def task(self, task_id: str) -> TaskRequest:
         row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         if row is None:
@@ -291,6 +298,20 @@ def unpack_tokens(blob: bytes) -> list[TraceTokens]:
         traces.append(TraceTokens(p, r, np.frombuffer(blob, dtype=np.int8, count=response, offset=offset), lp))
         offset += response
     return traces
+
+
+def summarize(task: TaskRequest, sample: int, group: str, attempt: int, result: SessionResult,
+              accept_min_reward: float) -> ResultRow:  # fmt: skip
+    """``result``'s summary row: ``accepted`` when it completed with a trainable token and at least that reward."""
+    traces = result.trajectory.traces
+    trainable = sum(t.trainable_tokens for t in traces if t.trainable)  # side traces (by default) train nothing
+    accepted = result.status == "completed" and trainable > 0 and (result.reward or 0.0) >= accept_min_reward
+    return ResultRow(
+        task_id=task.task_id, sample_index=sample, session_id=result.session_id, group=group, attempts=attempt,
+        status=result.status, reward=result.reward, accepted=accepted, trainable_tokens=trainable,
+        tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traces), turns=result.num_completions,
+        traces=len(traces),
+    )  # fmt: skip
 
 
 def _row(values: tuple[Any, ...]) -> ResultRow:
