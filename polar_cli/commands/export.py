@@ -41,7 +41,8 @@ def report_document(report: ExportReport, source: Source) -> dict[str, Any]:
 def export_command(
     to: Annotated[Path, typer.Option("--to", help="The dataset folder to write.")],
     path: Annotated[
-        Path | None, typer.Argument(help=f"A polar generate output folder, {ONLINE_HELP}.", show_default=False)
+        Path | None,
+        typer.Argument(help=f"A polar generate output folder, {ONLINE_HELP}.", metavar="PATH", show_default=False),
     ] = None,
     server: ServerOption = None,
     token: TokenOption = None,

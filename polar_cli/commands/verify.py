@@ -30,6 +30,7 @@ PathArgument = Annotated[
     Path | None,
     typer.Argument(
         help=f"A results file (polar run --out), a polar generate folder, an exported dataset, {ONLINE_HELP}.",
+        metavar="PATH",
         show_default=False,
     ),
 ]

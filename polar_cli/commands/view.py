@@ -30,7 +30,7 @@ TOKENIZER_HELP = "HF tokenizer (folder or hub id): the text of prompt tokens and
 
 
 def view_command(
-    path: Annotated[Path | None, typer.Argument(help=SOURCE_HELP, show_default=False)] = None,
+    path: Annotated[Path | None, typer.Argument(help=SOURCE_HELP, metavar="PATH", show_default=False)] = None,
     server: ServerOption = None,
     token: TokenOption = None,
     task: TaskOption = None,
