@@ -28,7 +28,7 @@ from tests.client.conftest import TOKEN, start_serve, stop
 from tests.gateway.test_node import task
 from tests.view.browser import need_browser, opened
 
-FIRST, SECOND = "online-a", "online-b"
+FIRST, SECOND, CANCELLED = "online-a", "online-b", "online-cancelled"
 WIDE = {"COLUMNS": "200"}
 
 
@@ -46,7 +46,8 @@ class Online:
 @pytest.fixture(scope="module")
 def online(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Online]:
     """One ``polar serve`` that ran two tasks of two samples each: the first completes (policy_version 7 in its
-    metadata), the second's sessions crash after one model call (status error, one trace each)."""
+    metadata), the second's sessions crash after one model call (status error, one trace each); and a third task,
+    cancelled."""
     root = tmp_path_factory.mktemp("online")
     proc, url = start_serve(root / "data", root / "serve.log")
     try:
@@ -58,6 +59,8 @@ def online(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Online]:
                 client.submit(t)
             for t in (first, second):
                 assert client.wait(t.task_id, timeout=120).state in ("completed", "failed")
+            client.submit(task(CANCELLED, {"HANG": "1"}))
+            assert client.cancel(CANCELLED).state == "cancelled"
         yield Online(url, root / "data", root)
     finally:
         stop(proc)
@@ -98,6 +101,8 @@ def test_export_from_the_server_the_data_dir_and_a_status_file(online: Online, t
     assert all(1 in r["loss_mask"] and len(r["response_logprobs"]) == len(r["response_ids"]) for r in first)
     crashed = [r for r in traces if r["task_id"] == SECOND]
     assert {r["status"] for r in crashed} == {"error"} and not any(r["accepted"] for r in crashed)
+    cancelled = [r for r in load(tmp_path / "local", "messages", cache) if r["task_id"] == CANCELLED]
+    assert [(r["status"], r["messages"]) for r in cancelled] == [("cancelled", [])]  # a session, though it never ran
 
     status = polar("status", FIRST, *online.server, "--json")
     assert status.exit_code == 0, status.output
