@@ -42,8 +42,8 @@ from polar_cli.server.config import DB_NAME
 ACCEPT_MIN_REWARD = 1.0
 IDS = ("session_id", "task_id", "builder", "harness")
 """Keys a trace's metadata adds to its task's metadata."""
-RESULT_KEYS = (ATTEMPT_KEY, "run_status", "run", "evaluation")
-"""Keys a SessionResult's metadata adds to its task's metadata."""
+RESULT_KEYS = (ATTEMPT_KEY, "node_id", "run_status", "run", "evaluation")
+"""Keys a SessionResult's metadata adds to its task's metadata (the gateway's, then the server's)."""
 M = TypeVar("M", TaskRequest, SessionResult)
 
 
@@ -83,18 +83,18 @@ def online_tasks(source: Source) -> Iterator[OnlineTask]:
 def fill_ledger(ledger: Ledger, tasks: Iterable[OnlineTask]) -> None:
     """Record each task and its results in ``ledger`` (one task's results in memory at a time), tasks in the order
     they were submitted."""
-    order: list[tuple[float, str]] = []
+    order: dict[str, float] = {}
     for task in tasks:
-        if any(task.request.task_id == seen for _, seen in order):
+        if task.request.task_id in order:
             continue
-        order.append((task.created_at, task.request.task_id))
+        order[task.request.task_id] = task.created_at
         request = ledger.remember_task(len(order), task.request.task_id, task.request)
         for result in task.results:
             attempt = result.metadata.get(ATTEMPT_KEY)
             attempts = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
             ledger.finish(summarize(request, result.sample_index, request.task_id, attempts, result,
                                     ACCEPT_MIN_REWARD), result)  # fmt: skip
-    ledger.reorder(task_id for _, task_id in sorted(order))
+    ledger.reorder(task_id for _, task_id in sorted((created, task_id) for task_id, created in order.items()))
 
 
 # ---- a polar serve data dir ---------------------------------------------------------------------------------------

@@ -113,6 +113,10 @@ def test_export_from_the_server_the_data_dir_and_a_status_file(online: Online, t
     tokens = ("session_id", "sample_index", "group", "status", "prompt_ids", "response_ids", "loss_mask",
               "response_logprobs", "policy_versions", "role", "trainable", "harness", "policy_version")  # fmt: skip
     assert [{k: r[k] for k in tokens} for r in rows] == [{k: r[k] for k in tokens} for r in first]
+    messages = load(tmp_path / "from-status", "messages", cache)
+    remote_messages = [r for r in load(tmp_path / "remote", "messages", cache) if r["task_id"] == FIRST]
+    assert [(json.loads(r["metadata"]), r["messages"]) for r in messages] == [
+        (json.loads(r["metadata"]), r["messages"]) for r in remote_messages]  # fmt: skip
 
 
 def test_export_of_tasks_that_ended_since_a_time(online: Online, tmp_path: Path) -> None:
