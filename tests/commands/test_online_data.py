@@ -4,12 +4,14 @@ TASK --json`` file, the same way they read a ``polar generate`` folder."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from polar_cli.cli import build_app
-from polar_cli.client import PolarClient
+from polar_cli.client import AsyncPolarClient, PolarClient
 from polar_cli.errors import PolarError
 from polar_cli.inputs import ServerTasks, parse_since
+from polar_cli.models import TaskRequest
 from polar_cli.online import read_only, store_tasks
 from tests.client.conftest import TOKEN, start_serve, stop
 from tests.gateway.test_node import task
@@ -207,6 +210,19 @@ def test_clear_one_line_errors(online: Online, tmp_path: Path) -> None:
                          capture_output=True, text=True, env={**env, "POLAR_LOAD_PLUGINS": ""})  # fmt: skip
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith("Error: unknown task 'no-such-task' (HTTP 404")
+
+
+def test_both_clients_read_a_task_as_submitted_and_the_tasks_ended_since(online: Online) -> None:
+    async def read() -> tuple[TaskRequest, list[str]]:
+        async with AsyncPolarClient(online.url, TOKEN) as client:
+            return await client.task_request(FIRST), await client.ended_tasks(0)
+
+    with PolarClient(online.url, TOKEN) as client:
+        request, ended = client.task_request(FIRST), client.ended_tasks()
+        assert client.ended_tasks(time.time() + 3600) == []
+    assert (request, ended) == asyncio.run(read())
+    assert request.metadata["policy_version"] == 7 and request.num_samples == 2
+    assert ended[:3] == [FIRST, SECOND, CANCELLED]
 
 
 def test_since_accepts_epoch_seconds_iso_times_and_durations() -> None:
