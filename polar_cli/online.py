@@ -2,7 +2,7 @@
 ``polar verify`` through the very code that reads generate folders, so their outputs are the same by construction.
 
 Three sources (told apart by :mod:`polar_cli.inputs`), each copied into a temporary ledger (a ``ledger.db`` in a
-folder deleted afterwards, see :func:`online_ledger`):
+folder under ``$TMPDIR``, deleted afterwards, see :func:`online_ledger`):
 
 * a ``polar serve`` data dir: its ``server.db`` opened read-only (SQLite WAL: a running server is neither blocked
   nor changed; each task is read in one snapshot);
@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError
 from polar_cli.generate.ledger import Ledger, summarize
-from polar_cli.inputs import ServerTasks, Source, input_kind, task_status_file
+from polar_cli.inputs import ONLINE_KINDS, ServerTasks, Source, input_kind, task_status_file
 from polar_cli.models import AgentSpec, BuilderSpec, SessionResult, TaskRequest, TaskStatus
 from polar_cli.node_protocol import ATTEMPT_KEY
 from polar_cli.server.config import DB_NAME
@@ -58,13 +58,13 @@ class OnlineTask:
 
 def is_online(source: Source) -> bool:
     """Whether ``source`` is online data (read with :func:`online_ledger`)."""
-    return isinstance(source, ServerTasks) or input_kind(source) in ("serve", "status")
+    return isinstance(source, ServerTasks) or input_kind(source) in ONLINE_KINDS
 
 
 @contextlib.contextmanager
 def online_ledger(source: Source) -> Iterator[Ledger]:
     """``source`` (a serve data dir, a status file or tasks on a server) as a ledger, for the block's length."""
-    with tempfile.TemporaryDirectory(prefix="polar-online-") as folder, Ledger(Path(folder)) as ledger:
+    with tempfile.TemporaryDirectory(prefix="polar-online-") as folder, Ledger(Path(folder), durable=False) as ledger:
         fill_ledger(ledger, online_tasks(source))
         yield ledger
 

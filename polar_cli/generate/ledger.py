@@ -87,12 +87,13 @@ SUMMARY = (
 class Ledger:
     """One output folder's ledger. Not thread-safe: one event loop uses it."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, *, durable: bool = True) -> None:
+        """``durable=False``: no fsync per commit (a temporary ledger, such as ``polar_cli.online``'s)."""
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / LEDGER
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:
