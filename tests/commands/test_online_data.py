@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from polar_cli.cli import build_app
 from polar_cli.client import AsyncPolarClient, PolarClient
+from polar_cli.commands.view import default_out
 from polar_cli.errors import PolarError
 from polar_cli.inputs import ServerTasks, parse_since
 from polar_cli.models import TaskRequest
@@ -230,6 +231,8 @@ def test_since_accepts_epoch_seconds_iso_times_and_durations() -> None:
     assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
     assert parse_since("2026-01-31T12:00:00+00:00") == 1769860800.0
     assert str(ServerTasks("http://h:1", None, ("a", "b"))) == "http://h:1 (a, b)"
+    assert default_out(ServerTasks("http://h:1", None, ("run/7", "b"))) == Path("run_7.html")
+    assert default_out(ServerTasks("http://h:1", None, (), since=0.0)) == Path("tasks.html")
 
 
 def test_reading_the_data_dir_neither_blocks_nor_changes_the_running_server(online: Online) -> None:
