@@ -48,6 +48,7 @@ from polar_cli.models import (
     ServiceStatus,
     SessionResult,
     SubmitAnswer,
+    TaskList,
     TaskRequest,
     TaskStatus,
     validate_model,
@@ -170,6 +171,14 @@ def _status_call(task_id: str, wait: float | None = None) -> _Call[TaskStatus]:
     if wait is None:
         return _Call("GET", _task_path(task_id), TaskStatus)
     return _Call("GET", _task_path(task_id), TaskStatus, params={"wait": round(wait, 3)}, hold=wait)
+
+
+def _request_call(task_id: str) -> _Call[TaskRequest]:
+    return _Call("GET", f"{_task_path(task_id)}/request", TaskRequest)
+
+
+def _ended_call(since: float) -> _Call[TaskList]:
+    return _Call("GET", "/rollout/tasks", TaskList, params={"since": since})
 
 
 def _cancel_call(task_id: str) -> _Call[TaskStatus]:
@@ -333,6 +342,14 @@ class PolarClient(_Base):
     def status(self, task_id: str) -> TaskStatus:
         return self._send(_status_call(task_id))
 
+    def task_request(self, task_id: str) -> TaskRequest:
+        """The task as it was submitted."""
+        return self._send(_request_call(task_id))
+
+    def ended_tasks(self, since: float = 0.0) -> list[str]:
+        """The ids of the tasks that ended at or after ``since`` (seconds since the epoch), oldest first."""
+        return self._send(_ended_call(since)).task_ids
+
     def wait(self, task_id: str, timeout: float | None = None) -> TaskStatus:
         """The task's TaskStatus once it has ended, or the latest one when ``timeout`` seconds pass first (check
         ``.state``)."""
@@ -469,6 +486,12 @@ class AsyncPolarClient(_Base):
 
     async def status(self, task_id: str) -> TaskStatus:
         return await self._send(_status_call(task_id))
+
+    async def task_request(self, task_id: str) -> TaskRequest:
+        return await self._send(_request_call(task_id))
+
+    async def ended_tasks(self, since: float = 0.0) -> list[str]:
+        return (await self._send(_ended_call(since))).task_ids
 
     async def wait(self, task_id: str, timeout: float | None = None) -> TaskStatus:
         """The task's TaskStatus once it has ended, or the latest one when ``timeout`` seconds pass first."""

@@ -1,4 +1,5 @@
-"""``polar export DIR --to OUT`` (a HuggingFace dataset folder) and ``polar push-hub OUT REPO_ID``."""
+"""``polar export DIR --to OUT`` (a HuggingFace dataset folder; DIR a generate folder or online data, or
+``--server URL --task ID`` instead) and ``polar push-hub OUT REPO_ID``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from polar_cli.commands import sources
 from polar_cli.commands.output import JsonOption, emit_json, stdout_console, steps
+from polar_cli.commands.sources import ONLINE_HELP, ServerOption, SinceOption, TaskOption, TokenOption
 from polar_cli.export import ExportOptions, ExportReport, export
 from polar_cli.export.hub import push_to_hub
+from polar_cli.inputs import Source
 from polar_cli.models import validate_model
 
 
@@ -26,16 +30,24 @@ def load_hint(to: Path) -> list[str]:
     ]
 
 
-def report_document(report: ExportReport, source: Path) -> dict[str, Any]:
+def report_document(report: ExportReport, source: Source) -> dict[str, Any]:
     """``--json``: the folder written, each config's rows per split, its files."""
     out = report.out.resolve()
-    return {"out": str(out), "source": str(source.resolve()), "configs": report.rows,
+    shown = str(source.resolve()) if isinstance(source, Path) else str(source)
+    return {"out": str(out), "source": shown, "configs": report.rows,
             "files": [str(f.resolve().relative_to(out)) for f in report.files]}  # fmt: skip
 
 
 def export_command(
-    source: Annotated[Path, typer.Argument(help="A polar generate output folder.")],
     to: Annotated[Path, typer.Option("--to", help="The dataset folder to write.")],
+    path: Annotated[
+        Path | None,
+        typer.Argument(help=f"A polar generate output folder, {ONLINE_HELP}.", metavar="PATH", show_default=False),
+    ] = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
+    task: TaskOption = None,
+    since: SinceOption = None,
     accepted_only: bool = typer.Option(False, "--accepted-only", help="Only accepted sessions."),
     min_reward: float | None = typer.Option(None, "--min-reward", help="Only sessions with at least this reward."),
     keep_rejected: bool = typer.Option(False, "--keep-rejected", help="Filtered-out rows go to a 'rejected' split."),
@@ -48,8 +60,9 @@ def export_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
     json_output: bool = JsonOption,
 ) -> None:
-    """Export generated sessions as a HuggingFace dataset: configs 'traces', 'messages' and 'preferences', parquet,
-    a card."""
+    """Export generated sessions, or an online run's (polar serve), as a HuggingFace dataset: configs 'traces',
+    'messages' and 'preferences', parquet, a card."""
+    source = sources.source(path, server, token, task, since)
     options = validate_model(ExportOptions, {
         "accepted_only": accepted_only, "min_reward": min_reward, "keep_rejected": keep_rejected,
         "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,

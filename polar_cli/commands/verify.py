@@ -1,5 +1,6 @@
-"""``polar verify PATH [--recompute --model DIR | --model VERSION=DIR ...]``: check traces against their journal and,
-with ``--recompute``, their recorded logprobs against the given weights (docs/verify.md)."""
+"""``polar verify PATH [--recompute --model DIR | --model VERSION=DIR ...]`` (or ``--server URL --task ID`` instead
+of PATH): check traces against their journal and, with ``--recompute``, their recorded logprobs against the given
+weights (docs/verify.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from polar_cli.commands import sources
 from polar_cli.commands.output import JsonOption, emit_json, stderr_console, stdout_console
+from polar_cli.commands.sources import ONLINE_HELP, ServerOption, SinceOption, TaskOption, TokenOption
 from polar_cli.errors import ConfigError
 from polar_cli.recompute import (
     KL_ESTIMATOR,
@@ -23,10 +26,12 @@ from polar_cli.recompute import (
     recompute,
 )
 
-Source = Annotated[
-    Path,
+PathArgument = Annotated[
+    Path | None,
     typer.Argument(
-        help="A results file (polar run --out), a polar generate folder, or an exported dataset.", show_default=False
+        help=f"A results file (polar run --out), a polar generate folder, an exported dataset, {ONLINE_HELP}.",
+        metavar="PATH",
+        show_default=False,
     ),
 ]
 Models = Annotated[
@@ -113,7 +118,11 @@ def _print_recompute(report: RecomputeReport) -> None:
 
 
 def verify_command(
-    path: Source,
+    path: PathArgument = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
+    task: TaskOption = None,
+    since: SinceOption = None,
     recompute_logprobs: bool = typer.Option(False, "--recompute", help="Recompute each sampled token's logprob."),
     model: Models = None,
     tolerance: float = typer.Option(1e-3, "--tolerance", min=0.0, help="Most mean |Δlogprob| a trace may have."),
@@ -125,6 +134,7 @@ def verify_command(
     recorded logprob against the logprob the given weights give it (transformers, CPU).
 
     Exits 0 when every check passes, 1 when one fails (the worst traces named first), 2 on bad input."""
+    source = sources.source(path, server, token, task, since)
     models = parse_models(model or [])
     if recompute_logprobs and not models:
         raise ConfigError("--recompute needs --model DIR (or --model VERSION=DIR per policy version)")
@@ -142,9 +152,9 @@ def verify_command(
                 from transformers.utils import logging as transformers_logging
 
                 transformers_logging.disable_progress_bar()  # "Loading weights" bars, one per model
-    traces = load_traces(path, journal=journal)
+    traces = load_traces(source, journal=journal)
     if not traces:
-        raise ConfigError(f"{path} holds no trace")
+        raise ConfigError(f"{source} holds no trace")
     notes = stderr_console()
     document: dict[str, Any]
     if recompute_logprobs:
@@ -156,7 +166,7 @@ def verify_command(
         structural = check_structure(traces)
         if not structural.sessions:
             raise ConfigError(
-                f"{path}: no journal of completions for any of its {len(structural.without_journal)} session(s), so "
+                f"{source}: no journal of completions for any of its {len(structural.without_journal)} session(s), so "
                 "there is nothing to check structurally: give the journals with --journal DIR, or recompute the "
                 "logprobs with --recompute --model DIR"
             )

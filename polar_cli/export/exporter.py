@@ -1,4 +1,6 @@
-"""``polar export``: a ``polar generate`` folder to a HuggingFace dataset folder (parquet shards + README card).
+"""``polar export``: a ``polar generate`` folder (or online data: a ``polar serve`` data dir, tasks on a running server,
+a ``polar status TASK --json`` file, read as one by ``polar_cli.online``) to a HuggingFace dataset folder (parquet
+shards + README card).
 
 Configs: ``traces`` (token-faithful training traces), ``messages`` (one conversation per session, with the SWE instance
 columns of ``polar_cli.export.instance``) and ``preferences`` (accepted / rejected pairs: ``preferences.py``).
@@ -29,8 +31,10 @@ from polar_cli.export.preferences import Key, Pair, pair_sessions, preference_ro
 from polar_cli.export.split import stratified_test_keys
 from polar_cli.generate.ledger import ExportedResult, ResultRow, TraceTokens, open_ledger
 from polar_cli.generate.stats import group_stats
+from polar_cli.inputs import ServerTasks, Source
 from polar_cli.models import StrictModel, TaskRequest
 from polar_cli.models.task import without_script
+from polar_cli.online import is_online, online_ledger
 
 if TYPE_CHECKING:
     from polar_cli.export.parquet import ShardedWriter
@@ -224,10 +228,11 @@ def split_counts(exported: Iterable[ResultRow], plan: Plan) -> dict[str, dict[st
     return {stratum: counts[stratum] for stratum in sorted(counts)}
 
 
-def export(source: Path | ExportSource, to: Path, options: ExportOptions | None = None, *,
+def export(source: Source | ExportSource, to: Path, options: ExportOptions | None = None, *,
            batch_rows: int = 512, on_progress: ExportProgress | None = None) -> ExportReport:  # fmt: skip
-    """Write ``source``'s final results (a ``polar generate`` folder) as a HuggingFace dataset folder at ``to``
-    (MissingDependencyError, before anything is read, without pyarrow: the ``hf`` extra)."""
+    """Write ``source``'s final results (a ``polar generate`` folder, or online data: see ``polar_cli.online``) as a
+    HuggingFace dataset folder at ``to`` (MissingDependencyError, before anything is read, without pyarrow: the
+    ``hf`` extra)."""
     from polar_cli.export.parquet import ShardedWriter
 
     progress = on_progress or (lambda step, done, total: None)
@@ -239,7 +244,13 @@ def export(source: Path | ExportSource, to: Path, options: ExportOptions | None 
     shutil.rmtree(staging, ignore_errors=True)
     with contextlib.ExitStack() as stack:
         progress(f"reading {source}", 0, 0)
-        ledger = stack.enter_context(open_ledger(source, must_exist=True)) if isinstance(source, Path) else source
+        ledger: ExportSource
+        if isinstance(source, ServerTasks) or (isinstance(source, Path) and is_online(source)):
+            ledger = stack.enter_context(online_ledger(source))
+        elif isinstance(source, Path):
+            ledger = stack.enter_context(open_ledger(source, must_exist=True))
+        else:
+            ledger = source
         plan = _plan(ledger, options)
         streamed = plan.streamed()
         writing = f"writing {len(streamed)} sessions"

@@ -27,6 +27,7 @@ import orjson
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import SessionResult, TaskRequest
+from polar_cli.rewards import is_accepted, trainable_tokens
 
 LEDGER = "ledger.db"
 SCHEMA = """
@@ -87,12 +88,13 @@ SUMMARY = (
 class Ledger:
     """One output folder's ledger. Not thread-safe: one event loop uses it."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, *, durable: bool = True) -> None:
+        """``durable=False``: no fsync per commit (a temporary ledger, such as ``polar_cli.online``'s)."""
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / LEDGER
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
         self.db.executescript(SCHEMA)
 
     def close(self) -> None:
@@ -131,6 +133,13 @@ class Ledger:
             "INSERT INTO tasks VALUES (?, ?, ?, ?)", (task.task_id, position, group, task.model_dump_json())
         )
         return task
+
+    def reorder(self, task_ids: Iterable[str]) -> None:
+        """Put the tasks in this order (the dataset order), in one transaction; tasks not named keep theirs."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.executemany("UPDATE tasks SET position = ? WHERE task_id = ?",
+                                [(n, t) for n, t in enumerate(task_ids)])  # fmt: skip
 
     def task(self, task_id: str) -> TaskRequest:
         row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
@@ -296,6 +305,20 @@ def unpack_tokens(blob: bytes) -> list[TraceTokens]:
         traces.append(TraceTokens(p, r, np.frombuffer(blob, dtype=np.int8, count=response, offset=offset), lp))
         offset += response
     return traces
+
+
+def summarize(task: TaskRequest, sample: int, group: str, attempt: int, result: SessionResult,
+              accept_min_reward: float) -> ResultRow:  # fmt: skip
+    """``result``'s summary row: ``accepted`` when it completed with a trainable token and at least that reward."""
+    traces = result.trajectory.traces
+    trainable = trainable_tokens(result)  # side traces (by default) train nothing
+    accepted = is_accepted(result, accept_min_reward)
+    return ResultRow(
+        task_id=task.task_id, sample_index=sample, session_id=result.session_id, group=group, attempts=attempt,
+        status=result.status, reward=result.reward, accepted=accepted, trainable_tokens=trainable,
+        tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traces), turns=result.num_completions,
+        traces=len(traces),
+    )  # fmt: skip
 
 
 def _row(values: tuple[Any, ...]) -> ResultRow:

@@ -24,12 +24,11 @@ from polar_cli.client import AsyncPolarClient
 from polar_cli.config import set_dotted
 from polar_cli.errors import ConfigError, PolarError
 from polar_cli.gateway.config import GatewayConfig, PipelineConfig
-from polar_cli.generate.ledger import Ledger, ResultRow
+from polar_cli.generate.ledger import Ledger, ResultRow, summarize
 from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
-from polar_cli.rewards import is_accepted, trainable_tokens
 from polar_cli.server.config import ServerConfig
 
 SERVICE_DIR = "service"
@@ -120,19 +119,6 @@ async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await runner
-
-
-def summarize(task: TaskRequest, sample: int, group: str, attempt: int, result: SessionResult,
-              accept_min_reward: float) -> ResultRow:  # fmt: skip
-    traces = result.trajectory.traces
-    trainable = trainable_tokens(result)  # side traces (by default) train nothing
-    accepted = is_accepted(result, accept_min_reward)
-    return ResultRow(
-        task_id=task.task_id, sample_index=sample, session_id=result.session_id, group=group, attempts=attempt,
-        status=result.status, reward=result.reward, accepted=accepted, trainable_tokens=trainable,
-        tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traces), turns=result.num_completions,
-        traces=len(traces),
-    )  # fmt: skip
 
 
 def service_task(task: TaskRequest, sample: int, attempt: int) -> TaskRequest:

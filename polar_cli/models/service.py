@@ -32,6 +32,14 @@ class SubmitAnswer(BaseModel):
     created: bool = True
 
 
+class TaskList(BaseModel):
+    """``GET /rollout/tasks?since=T``: the tasks that ended (completed, failed or cancelled) at or after ``since``
+    (seconds since the epoch), oldest first (by submission)."""
+
+    since: float
+    task_ids: list[str] = Field(default_factory=list)
+
+
 class NodeLoad(BaseModel):
     """A gateway's load: its run slots, what its last heartbeat said (running, queued, free slots) and the sessions the
     server has assigned to it and not seen finish. Fields a server leaves out are None."""

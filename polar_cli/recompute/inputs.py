@@ -5,7 +5,10 @@ completions it was built from where one is known:
   too): journals in ``polar-data/journal`` or ``journal`` beside it, or ``--journal DIR``;
 * a ``polar generate`` output folder (``ledger.db``): journals in ``service/journal`` when its service was embedded;
 * an exported dataset (``polar export``: a folder whose ``traces/`` holds parquet shards, or one such shard): no
-  journal (the ``traces`` config holds no completions) unless ``--journal DIR`` gives one.
+  journal (the ``traces`` config holds no completions) unless ``--journal DIR`` gives one;
+* online data, read as a generate folder by :mod:`polar_cli.online`: a ``polar serve`` data dir (journals in its
+  ``journal/`` when its gateway ran there: role ``all``), a ``polar status TASK --json`` file (journals found as
+  beside a results file), or tasks on a running server (no journal unless ``--journal DIR`` gives one).
 
 A trace that does not validate (its ``response_logprobs`` not aligned with ``response_ids``, say) is still loaded,
 unvalidated, with the reason in ``problems``: verify reports it by name instead of refusing the whole file.
@@ -16,14 +19,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError, PolarError
-from polar_cli.inputs import InputKind, dataset_shards, input_kind, results_records, row_metadata, shard_rows
+from polar_cli.inputs import (
+    InputKind,
+    ServerTasks,
+    Source,
+    dataset_shards,
+    input_kind,
+    results_records,
+    row_metadata,
+    shard_rows,
+)
 from polar_cli.models import Completion, PolicyVersions, Trace
+
+if TYPE_CHECKING:
+    from polar_cli.generate.ledger import Ledger
 
 JOURNAL_CANDIDATES = ("polar-data/journal", "journal", "service/journal")
 """Where a journal folder is looked for, relative to a results file's folder or a generate folder."""
@@ -102,8 +117,18 @@ def _generate_folder(path: Path) -> list[LoadedTrace]:
     from polar_cli.generate.ledger import open_ledger
 
     with open_ledger(path, must_exist=True) as ledger:
-        results = ledger.results()
-        return [t for row, blob in results for t in _session_traces(orjson.loads(blob), f"{path} {row.task_id}")]
+        return _ledger_traces(ledger, str(path))
+
+
+def _online(source: Source) -> list[LoadedTrace]:
+    from polar_cli.online import online_ledger
+
+    with online_ledger(source) as ledger:
+        return _ledger_traces(ledger, str(source))
+
+
+def _ledger_traces(ledger: Ledger, where: str) -> list[LoadedTrace]:
+    return [t for row, blob in ledger.results() for t in _session_traces(orjson.loads(blob), f"{where} {row.task_id}")]
 
 
 def _dataset(path: Path) -> list[LoadedTrace]:
@@ -135,23 +160,29 @@ def _dataset(path: Path) -> list[LoadedTrace]:
     return loaded
 
 
-def find_journal(path: Path, kind: InputKind) -> Path | None:
-    """The journal folder that goes with the input at ``path``, if one is there."""
-    if kind == "dataset":
+def find_journal(path: Source, kind: InputKind | None) -> Path | None:
+    """The journal folder that goes with the input at ``path`` (kind None: tasks on a server), if one is there."""
+    if kind in ("dataset", None) or isinstance(path, ServerTasks):
         return None
     base = path if path.is_dir() else path.parent
     return next((base / c for c in JOURNAL_CANDIDATES if (base / c).is_dir()), None)
 
 
-def load_traces(path: str | Path, *, journal: str | Path | None = None) -> list[LoadedTrace]:
-    """Every trace of a results file, a ``polar generate`` folder or an exported dataset, in order, each with its
-    session's journal (``journal``: the folder of ``<session>.jsonl`` files; default: found beside the input, see
-    the module docstring). ConfigError when ``path`` is none of these."""
+def load_traces(path: str | Source, *, journal: str | Path | None = None) -> list[LoadedTrace]:
+    """Every trace of a results file, a ``polar generate`` folder, an exported dataset or online data, in order,
+    each with its session's journal (``journal``: the folder of ``<session>.jsonl`` files; default: found beside the
+    input, see the module docstring). ConfigError when ``path`` is none of these."""
     from polar_cli.proxy import journal_path, read_journal
 
-    path = Path(path)
-    kind = input_kind(path)
-    traces = {"results": _results_file, "generate": _generate_folder, "dataset": _dataset}[kind](path)
+    kind: InputKind | None = None
+    if isinstance(path, ServerTasks):
+        traces = _online(path)
+    else:
+        path = Path(path)
+        kind = input_kind(path)
+        readers = {"results": _results_file, "generate": _generate_folder, "dataset": _dataset, "serve": _online,
+                   "status": _online}  # fmt: skip
+        traces = readers[kind](path)
     folder = Path(journal) if journal is not None else find_journal(path, kind)
     if journal is not None and not folder.is_dir():  # type: ignore[union-attr]
         raise ConfigError(f"--journal {journal}: not a folder")

@@ -56,6 +56,16 @@ def create_app(server: RolloutServer) -> web.Application:
             raise ConfigError("wait must be a number of seconds") from exc
         return _json(await server.status(request.match_info["task_id"], wait))
 
+    async def task_request(request: web.Request) -> web.Response:
+        return _json(await server.task_request(request.match_info["task_id"]))
+
+    async def ended_tasks(request: web.Request) -> web.Response:
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError as exc:
+            raise ConfigError("since must be a time in seconds since the epoch") from exc
+        return _json(await server.ended_tasks(since))
+
     async def cancel(request: web.Request) -> web.Response:
         return _json(await server.cancel(request.match_info["task_id"]))
 
@@ -109,7 +119,9 @@ def create_app(server: RolloutServer) -> web.Application:
 
     app.router.add_post("/rollout/task/submit", guard(submit))
     app.router.add_get("/rollout/task/{task_id}", guard(task_status))
+    app.router.add_get("/rollout/task/{task_id}/request", guard(task_request))
     app.router.add_delete("/rollout/task/{task_id}", guard(cancel))
+    app.router.add_get("/rollout/tasks", guard(ended_tasks))
     app.router.add_get("/rollout/status", guard(status))
     app.router.add_get("/metrics", guard(metrics_handler([server.exposition])))
     app.router.add_post("/nodes/register", guard(register))

@@ -39,6 +39,7 @@ from polar_cli.models.service import (
     NodeStatus,
     ServiceStatus,
     SubmitAnswer,
+    TaskList,
     Throughput,
 )
 from polar_cli.node_protocol import (
@@ -225,6 +226,13 @@ class RolloutServer:
                 await asyncio.wait_for(changed.wait(), remaining)
         return await self.threads.read(self.store.task_status, task_id)
 
+    async def task_request(self, task_id: str) -> TaskRequest:
+        """The task as it was submitted (SessionError for an unknown one)."""
+        return await self.threads.read(self.store.task, task_id)
+
+    async def ended_tasks(self, since: float) -> TaskList:
+        return TaskList(since=since, task_ids=await self.threads.read(self.store.ended_tasks, since))
+
     async def cancel(self, task_id: str) -> TaskStatus:
         for row in await self.threads.write(self.store.cancel_task, task_id):
             if row.node_id is not None:
@@ -258,7 +266,7 @@ class RolloutServer:
 
     def _recent_rewards(self) -> RecentRewards:
         """The reward statistics of the last tasks that ended (each task's results are read once: they are final)."""
-        task_ids = self.store.ended_tasks(RECENT_TASKS)
+        task_ids = self.store.last_ended_tasks(RECENT_TASKS)
         for task_id in task_ids:
             if not self._recent.known(task_id):
                 status = self.store.task_status(task_id)

@@ -139,7 +139,8 @@ class SessionStore(Protocol):
     def task_status(self, task_id: str, *, with_results: bool = True) -> TaskStatus: ...
     def task_state(self, task_id: str) -> TaskState: ...
     def task_counts(self) -> dict[TaskState, int]: ...
-    def ended_tasks(self, limit: int) -> list[str]: ...
+    def last_ended_tasks(self, limit: int) -> list[str]: ...
+    def ended_tasks(self, since: float) -> list[str]: ...
     def session(self, session_id: str) -> SessionRow: ...
     def sessions(
         self, *, states: tuple[str, ...], node_id: str | None = None, limit: int | None = None
@@ -397,7 +398,7 @@ class SQLiteStore:
         rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
         return {cast(TaskState, r["state"]): r["n"] for r in rows}
 
-    def ended_tasks(self, limit: int) -> list[str]:
+    def last_ended_tasks(self, limit: int) -> list[str]:
         """The ``limit`` tasks that ended last (completed, failed or cancelled), the newest first."""
         rows = self._db.execute(
             "SELECT task_id FROM tasks WHERE state IN ('completed', 'failed', 'cancelled') "
@@ -405,6 +406,15 @@ class SQLiteStore:
             (limit,),
         ).fetchall()
         return [r["task_id"] for r in rows]
+
+    def ended_tasks(self, since: float) -> list[str]:
+        """The tasks that ended at or after ``since`` (an ended task's ``updated_at``: when it ended), oldest first."""
+        rows = self._db.execute(
+            "SELECT task_id FROM tasks WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at >= ? "
+            "ORDER BY created_at, task_id",
+            (since,),
+        )
+        return [r[0] for r in rows]
 
     def _refresh_task(self, db: sqlite3.Connection, task_id: str, now: float) -> bool:
         """Recompute the task's state; True when this change ended it (and queue its final callback)."""

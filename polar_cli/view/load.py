@@ -1,29 +1,37 @@
 """Reading what ``polar view`` shows: a ``polar run --out`` JSONL of SessionResults, a ``polar generate`` folder
-(its ledger), or a ``polar export`` dataset folder (parquet), into the view model. Which is which, and their
-records, come from :mod:`polar_cli.inputs` (shared with ``polar verify``)."""
+(its ledger), a ``polar export`` dataset folder (parquet), or online data (a ``polar serve`` data dir, tasks on a
+running server, a ``polar status TASK --json`` file: read as a generate folder by :mod:`polar_cli.online`), into the
+view model. Which is which, and their records, come from :mod:`polar_cli.inputs` (shared with ``polar verify``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError
-from polar_cli.inputs import dataset_shards, input_kind, results_records, row_metadata, shard_rows
+from polar_cli.inputs import ServerTasks, Source, dataset_shards, input_kind, results_records, row_metadata, shard_rows
 from polar_cli.models import SessionResult
 from polar_cli.view.model import ChainStart, ChainView, SessionView, ViewData
 
+if TYPE_CHECKING:
+    from polar_cli.generate.ledger import Ledger
 
-def load_view(path: Path, *, tokenizer: Any = None) -> ViewData:
-    """Every session in ``path`` (its kind told by its shape); ``tokenizer`` (an HF tokenizer, optional) gives the
-    prompt tokens and the tokens without text (mask-0 tokens, datasets) their text."""
-    path = Path(path)
-    kind = input_kind(path)
-    readers = {"results": _results_file, "generate": _generate_folder, "dataset": _dataset_folder}
-    view = ViewData(str(path), kind, list(readers[kind](path)))
+
+def load_view(path: Source, *, tokenizer: Any = None) -> ViewData:
+    """Every session in ``path`` (its kind told by its shape; or tasks on a server); ``tokenizer`` (an HF tokenizer,
+    optional) gives the prompt tokens and the tokens without text (mask-0 tokens, datasets) their text."""
+    if isinstance(path, ServerTasks):
+        view = ViewData(str(path), "server", _online(path))
+    else:
+        path = Path(path)
+        kind = input_kind(path)
+        readers = {"results": _results_file, "generate": _generate_folder, "dataset": _dataset_folder,
+                   "serve": _online, "status": _online}  # fmt: skip
+        view = ViewData(str(path), kind, list(readers[kind](path)))
     if tokenizer is not None:
         for session in view.sessions:
             for chain in session.chains:
@@ -121,15 +129,26 @@ def _generate_folder(path: Path) -> Iterator[SessionView]:
     from polar_cli.generate.ledger import open_ledger
 
     with open_ledger(path, must_exist=True) as ledger:
-        agents: dict[str, tuple[str, str | None]] = {}
-        for row, blob in ledger.results():
-            if row.task_id not in agents:
-                agent = ledger.task(row.task_id).agent
-                agents[row.task_id] = (agent.harness, agent.model_name)
-            harness, model = agents[row.task_id]
-            yield session_view(_result(orjson.loads(blob), f"{path} ({row.task_id}#{row.sample_index})"),
-                               harness=harness,
-                               model=model, accepted=row.accepted)  # fmt: skip
+        yield from _ledger_sessions(ledger, str(path))
+
+
+def _online(source: Source) -> list[SessionView]:
+    """Online data, read as a generate folder (``polar_cli.online``)."""
+    from polar_cli.online import online_ledger
+
+    with online_ledger(source) as ledger:
+        return list(_ledger_sessions(ledger, str(source)))
+
+
+def _ledger_sessions(ledger: Ledger, where: str) -> Iterator[SessionView]:
+    agents: dict[str, tuple[str, str | None]] = {}
+    for row, blob in ledger.results():
+        if row.task_id not in agents:
+            agent = ledger.task(row.task_id).agent
+            agents[row.task_id] = (agent.harness, agent.model_name)
+        harness, model = agents[row.task_id]
+        yield session_view(_result(orjson.loads(blob), f"{where} ({row.task_id}#{row.sample_index})"),
+                           harness=harness, model=model, accepted=row.accepted)  # fmt: skip
 
 
 def _dataset_folder(path: Path) -> list[SessionView]:

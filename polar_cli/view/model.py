@@ -122,6 +122,7 @@ class ViewData:
 
     source: str
     kind: str
-    """``results`` (a ``polar run --out`` JSONL), ``generate`` (a ``polar generate`` folder) or ``dataset``
-    (a ``polar export`` folder)."""
+    """``results`` (a ``polar run --out`` JSONL), ``generate`` (a ``polar generate`` folder), ``dataset`` (a
+    ``polar export`` folder), ``serve`` (a ``polar serve`` data dir), ``status`` (a ``polar status TASK --json``
+    file) or ``server`` (tasks on a running server)."""
     sessions: list[SessionView] = field(default_factory=list)

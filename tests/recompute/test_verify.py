@@ -222,7 +222,7 @@ def test_processed_logprobs_at_a_temperature_are_warned_about(models: dict[str, 
         (["{results}", "--recompute", "--model", "{empty}"], "no config.json there"),
         (["{results}", "--recompute", "--model", "{noweights}"], "no weights there"),
         (["{results}", "--recompute", "--model", "{model}", "--dtype", "int8"], "--dtype 'int8'"),
-        (["{empty}"], "neither a polar generate folder"),
+        (["{empty}"], "none of a polar generate folder"),
         (["{results}"], "no journal of completions for any of its 1 session(s)"),
     ],
 )

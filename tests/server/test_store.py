@@ -115,3 +115,16 @@ def test_sessions_by_state_and_finished_since(tmp_path: Path) -> None:
     assert store.session_counts() == {"pending": 1, "dispatched": 1, "finished": 1}
     assert store.finished_since([before - 60, before, time.time() + 60]) == [1, 1, 0]
     assert store.finished_since([]) == []
+
+
+def test_ended_tasks_are_those_that_ended_since_a_time_in_submission_order(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    for task_id in ("t1-late", "t2-open", "t3-cancelled"):
+        store.submit(make_task(task_id, samples=1), [f"{task_id}-0"])
+    store.cancel_task("t3-cancelled")
+    between = time.time()
+    store.dispatch("t1-late-0", "n1")
+    store.finish("t1-late-0", result("t1-late-0"))
+    assert store.ended_tasks(0.0) == ["t1-late", "t3-cancelled"]  # submitted in that order; t2-open has not ended
+    assert store.ended_tasks(between) == ["t1-late"]
+    assert store.ended_tasks(time.time() + 60) == []

@@ -74,7 +74,7 @@ def test_a_trace_that_is_not_context_exact_and_a_break_from_older_results_load(t
 def test_bad_inputs_are_one_line_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_view(tmp_path / "nope.jsonl")
-    with pytest.raises(ConfigError, match="neither a polar generate folder"):
+    with pytest.raises(ConfigError, match="none of a polar generate folder"):
         load_view(tmp_path)
     (tmp_path / "bad.jsonl").write_text(session("a").model_dump_json() + "\n" + '{"session_id": "x"}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: not a SessionResult"):
