@@ -110,6 +110,9 @@ class SyntheticSource:
     def task_field(self, field: str) -> dict[str, str]:
         return {f"task-{i}": f"repo-{i % 100}" for i in range(self.n)}
 
+    def harnesses(self) -> dict[str, str]:
+        return {f"task-{i}": self._task.agent.harness for i in range(self.n)}
+
 
 def shape_blobs(args: argparse.Namespace) -> tuple[list[bytes], int]:
     blobs = [session_blob(s, args.prompt, args.turns, SAMPLED, args.interstitial) for s in range(DISTINCT)]

@@ -21,10 +21,10 @@ def size_category(n: int) -> str:
 
 def dataset_card(*, license: str, splits: dict[str, dict[str, int]], stats: Sequence[GroupStats], group_by: str,
                  per_split: dict[str, dict[str, int]], source: str, filters: str,
-                 context_inexact: int = 0) -> str:  # fmt: skip
+                 context_inexact: int = 0, harness_stats: Sequence[GroupStats] = ()) -> str:  # fmt: skip
     """``splits``: config -> {split: rows}; ``stats``: every generated session's, per ``group_by`` value, the total
     last; ``per_split``: ``group_by`` value -> {split: exported sessions}; ``context_inexact``: ``traces`` rows whose
-    ``context_exact`` is false."""
+    ``context_exact`` is false; ``harness_stats``: the same sessions per harness (a second rewards table)."""
     configs = [
         {"config_name": config,
          "data_files": [{"split": split, "path": f"{config}/{split}-*.parquet"} for split in sorted(counts)],
@@ -43,14 +43,9 @@ def dataset_card(*, license: str, splits: dict[str, dict[str, int]], stats: Sequ
         f"{s.rate:.1%} | {s.failed} | {s.tokens} | {s.trainable_tokens} | {s.mean_turns:.1f} |"
         for s in stats
     )
-    ks = shown_ks(max((max(s.rewards.pass_at_k, default=0) for s in stats), default=0))
-    reward_rows = "\n".join(
-        _row([_bold(s.group, s is stats[-1]), str(s.tasks), str(s.sessions), str(s.rewards.rewarded),
-              _number(s.rewards.mean), _number(s.rewards.std), zero_variance_cell(s.rewards),
-              *(_number(s.rewards.pass_at_k.get(k)) for k in ks)])
-        for s in stats
-    )  # fmt: skip
-    pass_header = "".join(f" pass@{k} |" for k in ks)
+    reward_table = _reward_table(group_by, stats)
+    if harness_stats:
+        reward_table += "\n\nBy harness:\n\n" + _reward_table("harness", harness_stats)
     split_names = sorted({split for counts in per_split.values() for split in counts}, key=_split_order)
     totals = {split: sum(c.get(split, 0) for c in per_split.values()) for split in split_names}
     split_rows = [*per_split.items(), (TOTAL, totals)]
@@ -124,9 +119,7 @@ zero-variance groups are tasks whose sessions all got the same reward (a single 
 of the tasks with a reward; pass@k is the unbiased estimator of Chen et al. 2021, `1 - C(n-c, k) / C(n, k)` for a task
 with `n` sessions of which `c` were accepted, averaged over the tasks with at least `k` sessions.
 
-| {group_by} | tasks | sessions | rewarded | reward mean | reward std | zero-variance groups |{pass_header}
-|---|---|---|---|---|---|---|{"---|" * len(ks)}
-{reward_rows}
+{reward_table}
 
 ## Exported sessions by {group_by} and split
 
@@ -134,6 +127,20 @@ with `n` sessions of which `c` were accepted, averaged over the tasks with at le
 |---|{"---|" * len(split_names)}
 {strata}
 """
+
+
+def _reward_table(label: str, stats: Sequence[GroupStats]) -> str:
+    """Rewards per ``label`` value, the total (last) in bold: mean, std, zero-variance groups, pass@k."""
+    ks = shown_ks(max((max(s.rewards.pass_at_k, default=0) for s in stats), default=0))
+    rows = [
+        _row([_bold(s.group, s is stats[-1]), str(s.tasks), str(s.sessions), str(s.rewards.rewarded),
+              _number(s.rewards.mean), _number(s.rewards.std), zero_variance_cell(s.rewards),
+              *(_number(s.rewards.pass_at_k.get(k)) for k in ks)])
+        for s in stats
+    ]  # fmt: skip
+    header = _row([label, "tasks", "sessions", "rewarded", "reward mean", "reward std", "zero-variance groups",
+                   *(f"pass@{k}" for k in ks)])  # fmt: skip
+    return "\n".join([header, "|---" * (7 + len(ks)) + "|", *rows])
 
 
 def _row(cells: Sequence[str]) -> str:

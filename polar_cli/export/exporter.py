@@ -185,6 +185,8 @@ class ExportSource(Protocol):
 
     def task_field(self, field: str) -> dict[str, str]: ...
 
+    def harnesses(self) -> dict[str, str]: ...
+
 
 @dataclass
 class Plan:
@@ -295,7 +297,8 @@ def export(source: Source | ExportSource, to: Path, options: ExportOptions | Non
         card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(
             replace(r, group=plan.strata.get(r.task_id, "-")) for r in plan.rows), group_by=options.stratify_by,
             per_split=split_counts(exported, plan), source=str(source), filters=options.describe(),
-            context_inexact=report.context_inexact)  # fmt: skip
+            context_inexact=report.context_inexact,
+            harness_stats=group_stats(plan.rows, by=ledger.harnesses()))  # fmt: skip
         (staging / "README.md").write_text(card, encoding="utf-8")
     if to.exists():
         shutil.rmtree(to) if to.is_dir() else to.unlink()

@@ -250,3 +250,7 @@ def test_generate_tables_json_and_the_card_show_reward_statistics(tmp_path: Path
     assert header in card
     assert "| a | 2 | 4 | 4 | 0.750 | 0.433 | 1/2 (50%) | 0.750 | 1.000 |" in card
     assert "| **total** | 3 | 6 | 6 | 0.500 | 0.500 | 2/3 (67%) | 0.500 | 0.667 |" in card
+    by_harness_card = card[card.index("By harness:"):]  # the same sessions per harness
+    assert "| harness | tasks | sessions | rewarded |" in by_harness_card
+    assert "| pi | 2 | 4 | 4 | 0.750 | 0.433 | 1/2 (50%) | 0.750 | 1.000 |" in by_harness_card
+    assert "| shell | 1 | 2 | 2 | 0.000 | 0.000 | 1/1 (100%) | 0.000 | 0.000 |" in by_harness_card
