@@ -170,7 +170,7 @@ def status_task(status: TaskStatus) -> OnlineTask:
     metadata = next((r.metadata for r in status.results if r.metadata), {})
     request = TaskRequest(
         task_id=status.task_id, instruction="", num_samples=status.num_samples,
-        agent=AgentSpec(harness=str(traced.get("harness") or "unknown")),
+        agent=AgentSpec(harness=status.harness or str(traced.get("harness") or "unknown")),
         builder=BuilderSpec(strategy=str(traced.get("builder") or "prefix_merging")),
         metadata={k: v for k, v in metadata.items() if k not in RESULT_KEYS}
         or {k: v for k, v in traced.items() if k not in (*IDS, ATTEMPT_KEY)},
