@@ -111,6 +111,14 @@ def test_expect_fails_a_diverging_request_naming_where(loop_thread: LoopThread, 
     assert failed.value.status == 409
     assert str(failed.value) == ('scripted replay: session sess-1, call 1: message 1 (user).content: original "ho", '
                                  'replay "hi"')  # fmt: skip
+    with pytest.raises(BackendError) as again:  # a harness retrying the call is not answered by the next turn
+        loop_thread.run(backend.generate(REQUEST, session_id="sess-1"))
+    assert str(again.value) == str(failed.value)
     shorter = {"messages": expect["messages"][:1]}
     backend = client(demo_tokenizer, script=[{"content": "ok", "expect": shorter}], on_mismatch="warn")
     assert loop_thread.run(backend.generate(REQUEST, session_id="sess-1")).message["content"] == "ok"  # logged only
+
+
+def test_a_script_that_names_its_sample_index_wins_over_the_sessions() -> None:
+    """``polar generate`` runs each sample as a one-sample task (its session is sample 0) and names the sample."""
+    assert [load_script({**VARIANTS, "sample_index": 1}, sample_index=k)[0].content for k in range(3)] == ["bad"] * 3

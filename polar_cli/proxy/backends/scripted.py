@@ -82,6 +82,10 @@ class ScriptVariants(StrictModel):
         default="cycle", description="cycle: sample k plays variant k mod n; seeded: a draw keyed by (seed, k)"
     )
     seed: int = 0
+    sample_index: int | None = Field(
+        default=None, ge=0, description="choose for this sample index instead of the session's (polar generate runs "
+        "each sample as a one-sample task, and sets it)"
+    )
 
 
 def choose_variant(count: int, sample_index: int, *, choose: Literal["cycle", "seeded"] = "cycle",
@@ -97,15 +101,18 @@ def choose_variant(count: int, sample_index: int, *, choose: Literal["cycle", "s
 class ScriptSet:
     """A loaded script: one list of turns, or variants of which each sample plays one."""
 
-    __slots__ = ("choose", "seed", "variants")
+    __slots__ = ("choose", "pinned", "seed", "variants")
 
-    def __init__(self, variants: list[list[ScriptTurn]], choose: Literal["cycle", "seeded"] = "cycle",
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(self, variants: list[list[ScriptTurn]], choose: Literal["cycle", "seeded"] = "cycle", seed: int = 0,
+                 pinned: int | None = None) -> None:  # fmt: skip
         self.variants = variants
         self.choose = choose
         self.seed = seed
+        self.pinned = pinned
+        """The sample index the script itself names (``sample_index``), which wins over the session's."""
 
     def for_sample(self, sample_index: int) -> list[ScriptTurn]:
+        sample_index = sample_index if self.pinned is None else self.pinned
         index = choose_variant(len(self.variants), sample_index, choose=self.choose, seed=self.seed)
         return self.variants[index]
 
@@ -160,7 +167,7 @@ def load_script_set(source: list[Any] | dict[str, Any] | str | Path, *, where: s
     if isinstance(data, dict):
         spec = validate_model(ScriptVariants, data, source=where)
         variants = [_turns(v, f"{where}: variants[{k}]") for k, v in enumerate(spec.variants)]
-        return ScriptSet(variants, spec.choose, spec.seed)
+        return ScriptSet(variants, spec.choose, spec.seed, spec.sample_index)
     return ScriptSet([_turns(data, where)])
 
 
@@ -182,11 +189,13 @@ def _logprob(token_id: int, position: int) -> float:
 
 
 class _Cursor:
-    __slots__ = ("position", "turns")
+    __slots__ = ("diverged", "position", "turns")
 
     def __init__(self, turns: list[ScriptTurn]) -> None:
         self.turns = turns
         self.position = 0
+        self.diverged: str | None = None
+        """Why a replayed request differed from its turn's ``expect``: every later call of the session fails so."""
 
 
 def _halves(text: str | None) -> list[str]:
@@ -313,10 +322,16 @@ class ScriptedClient(BackendClient):
         size = text_chars(request.messages, request.tools)
         return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))
 
-    def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
+    def _cursor(self, session_id: str) -> _Cursor:
         cursor = self._cursors.get(session_id)
         if cursor is None:
             cursor = self._cursors[session_id] = _Cursor(self.default_turns)
+        return cursor
+
+    def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
+        cursor = self._cursor(session_id)
+        if cursor.diverged is not None:  # a harness retrying the failed call must not be answered by the next turn
+            raise BackendError(cursor.diverged, status=409)
         position = cursor.position
         cursor.position += 1
         return position, cursor.turns[position] if position < len(cursor.turns) else None
@@ -361,9 +376,10 @@ class ScriptedClient(BackendClient):
         if diverged is None:
             return
         problem = f"scripted replay: session {session_id}, call {position + 1}: {diverged}"
-        if self.config.on_mismatch == "error":
-            raise BackendError(problem, status=409)
         log.warning("%s", problem)
+        if self.config.on_mismatch == "error":
+            self._cursor(session_id).diverged = problem
+            raise BackendError(problem, status=409)
 
     def _check_ids(self, session_id: str, position: int, turn: ScriptTurn) -> None:
         size = len(self.renderer.tokenizer)
