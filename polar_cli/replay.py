@@ -52,35 +52,49 @@ def _journal_dirs(base: Path, journal_dir: Path | None) -> list[Path]:
     return [journal_dir] if journal_dir is not None else [base / folder for folder in JOURNAL_FOLDERS]
 
 
-def _session_in_results(path: Path, session: str | None) -> str:
-    ids = [SessionResult.model_validate_json(line).session_id
-           for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
+def _result_in(path: Path, session: str | None) -> SessionResult:
+    results = [SessionResult.model_validate_json(line)
+               for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
+    ids = [r.session_id for r in results]
     if session is not None:
         if session not in ids:
             raise ConfigError(f"{path}: no session {session!r} (it holds {', '.join(ids) or 'none'})")
-        return session
+        return results[ids.index(session)]
     if len(ids) != 1:
         raise ConfigError(f"{path} holds {len(ids)} sessions: pick one with --session ({', '.join(ids)})")
-    return ids[0]
+    return results[0]
 
 
-def find_session(source: str | Path, *, session: str | None = None, journal_dir: Path | None = None) -> Path:
-    """The journal file of ``source``: a journal itself; a results file (``polar run --out``, one SessionResult a
-    line) and the session ``session`` in it (needed when it holds several), whose journal is in ``journal_dir`` or
+def first_call(result: SessionResult) -> int | None:
+    """The index of the first call a result's traces were built from: a journal holds the calls of an earlier attempt
+    of the same session id (one lost with a killed gateway) before them. None when the traces do not say."""
+    indices = [i for t in result.trajectory.traces
+               for i in (t.metadata.get("completion_indices") or [t.metadata.get("completion_index")])
+               if type(i) is int]  # fmt: skip
+    return min(indices) if indices else None
+
+
+def find_session(source: str | Path, *, session: str | None = None, journal_dir: Path | None = None
+                 ) -> tuple[Path, int | None]:  # fmt: skip
+    """The journal file of ``source``, and the index of the session's first call in it where a result says (else
+    None: all of it). ``source`` is a journal itself; a results file (``polar run --out``, one SessionResult a line)
+    and the session ``session`` in it (needed when it holds several), whose journal is in ``journal_dir`` or
     ``polar-data/journal`` / ``journal`` beside the file; or a session id, whose journal is in ``journal_dir`` or
     those folders of the current one."""
     path = Path(source)
+    first_index = None
     if path.is_file():
         first = _first_record(path)
         empty = first is None and not path.read_bytes().strip()  # a journal whose session made no call
         if empty or (first is not None and "completion_id" in first):
             if session is not None:
                 raise ConfigError(f"{path} is a journal (one session's calls): --session is for a results file")
-            return path
+            return path, None
         if first is None or "trajectory" not in first:
             raise ConfigError(f"{path} is neither a journal (<data-dir>/journal/<session>.jsonl) nor a results file "
                               "(polar run --out)")  # fmt: skip
-        session_id, base = _session_in_results(path, session), path.parent
+        result = _result_in(path, session)
+        session_id, base, first_index = result.session_id, path.parent, first_call(result)
     else:
         if session is not None:
             raise ConfigError(f"no file {path}: give a results file with --session, a journal file, or a session id")
@@ -88,7 +102,7 @@ def find_session(source: str | Path, *, session: str | None = None, journal_dir:
     folders = _journal_dirs(base, journal_dir)
     for folder in folders:
         if (folder / f"{session_id}.jsonl").is_file():
-            return folder / f"{session_id}.jsonl"
+            return folder / f"{session_id}.jsonl", first_index
     looked = ", ".join(str(f / f"{session_id}.jsonl") for f in folders)
     raise ConfigError(f"no journal of session {session_id!r} (looked for {looked}); give its folder with --journal")
 
@@ -97,8 +111,8 @@ def load_session(source: str | Path, *, session: str | None = None, journal_dir:
                  allow_empty: bool = False) -> RecordedSession:  # fmt: skip
     """The recorded calls of ``source`` (see :func:`find_session`), in call order; a journal with none is an error
     unless ``allow_empty`` (a replayed run whose first call was refused)."""
-    path = find_session(source, session=session, journal_dir=journal_dir)
-    completions = read_journal(path)
+    path, first_index = find_session(source, session=session, journal_dir=journal_dir)
+    completions = [c for c in read_journal(path) if first_index is None or c.index >= first_index]
     if not completions and not allow_empty:
         raise ConfigError(f"{path}: the journal holds no calls to replay")
     sessions = sorted({c.session_id for c in completions}) or [path.stem]
