@@ -3,8 +3,12 @@
 Every task runs in the ``local`` runtime (its files are written by prepare actions), is scored by ``test_on_output``
 and carries in ``metadata.script`` the assistant turns the scripted backend replays, in pi's own tool shapes (``read``,
 ``write``, ``edit``, ``bash``). So ``polar generate --harness pi --dataset demo --backend scripted`` needs no network,
-no model and no GPU. One task's script answers wrongly on purpose (``count-lines``: reward 0), so acceptance tables
-and rejected rows have something in them.
+no model and no GPU.
+
+Each task's script has two variants, cycled over its samples: one solves the task, one gets it wrong (reward 0), so
+``--samples 2`` (or more) gives every task mixed rewards, and ``polar export`` a preference pair per task. Sample 0
+plays the right answer, but for ``count-lines``, whose first variant is the wrong one: one sample per task still has
+a rejected row for acceptance tables.
 """
 
 from __future__ import annotations
@@ -55,14 +59,27 @@ FIZZ_TEST = (
     "assert [fizzbuzz(i) for i in (1, 3, 5, 15)] == ['1', 'Fizz', 'Buzz', 'FizzBuzz']\nprint('ok')\n"
 )
 
-# name -> (repo, instruction, prepare actions, test command, script)
-TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[dict[str, Any]]]] = {
+FIZZ_WRONG = (  # 15 is caught by the 3 case first: fizzbuzz(15) == 'Fizz'
+    "def fizzbuzz(n):\n"
+    "    if n % 3 == 0:\n        return 'Fizz'\n"
+    "    if n % 5 == 0:\n        return 'Buzz'\n"
+    "    if n % 15 == 0:\n        return 'FizzBuzz'\n"
+    "    return str(n)\n"
+)
+
+Script = list[dict[str, Any]]
+
+# name -> (repo, instruction, prepare actions, test command, script variants: sample k plays variant k mod 2)
+TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[Script]]] = {
     "hello-file": (
         "demo/files",
         "Create a file greeting.txt in the current directory containing exactly the line: hello, polar",
         [],
         'test "$(cat greeting.txt)" = "hello, polar"',
-        [_call(1, "write", path="greeting.txt", content="hello, polar\n"), _say("greeting.txt is written.")],
+        [
+            [_call(1, "write", path="greeting.txt", content="hello, polar\n"), _say("greeting.txt is written.")],
+            [_call(1, "write", path="greeting.txt", content="hello polar\n"), _say("greeting.txt is written.")],
+        ],
     ),
     "fix-add": (
         "demo/calc",
@@ -70,10 +87,17 @@ TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[dict[str, Any]]
         [_write("calc.py", CALC), _write("test_calc.py", CALC_TEST)],
         "python3 test_calc.py",
         [
-            _call(1, "read", path="calc.py"),
-            _call(2, "edit", path="calc.py", edits=[{"oldText": "return a - b", "newText": "return a + b"}]),
-            _call(3, "bash", command="python3 test_calc.py"),
-            _say("add now returns a + b and test_calc.py passes."),
+            [
+                _call(1, "read", path="calc.py"),
+                _call(2, "edit", path="calc.py", edits=[{"oldText": "return a - b", "newText": "return a + b"}]),
+                _call(3, "bash", command="python3 test_calc.py"),
+                _say("add now returns a + b and test_calc.py passes."),
+            ],
+            [
+                _call(1, "read", path="calc.py"),
+                _call(2, "edit", path="calc.py", edits=[{"oldText": "return a - b", "newText": "return a * b"}]),
+                _say("add is fixed."),
+            ],
         ],
     ),
     "fizzbuzz": (
@@ -83,9 +107,12 @@ TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[dict[str, Any]]
         [_write("test_fizzbuzz.py", FIZZ_TEST)],
         "python3 test_fizzbuzz.py",
         [
-            _call(1, "write", path="fizzbuzz.py", content=FIZZ),
-            _call(2, "bash", command="python3 test_fizzbuzz.py"),
-            _say("fizzbuzz.py is written and its test passes."),
+            [
+                _call(1, "write", path="fizzbuzz.py", content=FIZZ),
+                _call(2, "bash", command="python3 test_fizzbuzz.py"),
+                _say("fizzbuzz.py is written and its test passes."),
+            ],
+            [_call(1, "write", path="fizzbuzz.py", content=FIZZ_WRONG), _say("fizzbuzz.py is written.")],
         ],
     ),
     "fix-shout": (
@@ -94,8 +121,14 @@ TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[dict[str, Any]]
         [_write("strings.py", STRINGS), _write("test_strings.py", STRINGS_TEST)],
         "python3 test_strings.py",
         [
-            _call(1, "bash", command="sed -i 's/text.lower()/text.upper()/' strings.py && python3 test_strings.py"),
-            _say("shout now upper-cases; the test passes."),
+            [
+                _call(1, "bash", command="sed -i 's/text.lower()/text.upper()/' strings.py && python3 test_strings.py"),
+                _say("shout now upper-cases; the test passes."),
+            ],
+            [
+                _call(1, "bash", command="sed -i 's/text.lower()/text.title()/' strings.py"),
+                _say("shout is fixed."),
+            ],
         ],
     ),
     "count-lines": (
@@ -103,9 +136,12 @@ TASKS: dict[str, tuple[str, str, list[dict[str, Any]], str, list[dict[str, Any]]
         "Write the number of lines in data.txt (just the number) to count.txt.",
         [_write("data.txt", "alpha\nbeta\ngamma\n")],
         'test "$(cat count.txt)" = 3',
-        [  # a wrong answer on purpose: this task is never accepted
-            _call(1, "bash", command="echo 4 > count.txt && cat count.txt"),
-            _say("count.txt holds the count."),
+        [
+            [  # a wrong answer first, on purpose: with one sample per task, this task is never accepted
+                _call(1, "bash", command="echo 4 > count.txt && cat count.txt"),
+                _say("count.txt holds the count."),
+            ],
+            [_call(1, "bash", command="wc -l < data.txt > count.txt && cat count.txt"), _say("count.txt holds 3.")],
         ],
     ),
 }
@@ -119,7 +155,8 @@ class DemoOptions(StrictModel):
 
 
 def demo_task(name: str, timeout_seconds: float = 300.0) -> TaskRequest:
-    repo, instruction, prepare, test, script = TASKS[name]
+    repo, instruction, prepare, test, variants = TASKS[name]
+    script = {"variants": variants, "choose": "cycle"}
     return TaskRequest.model_validate(
         {
             "task_id": f"demo-{name}",

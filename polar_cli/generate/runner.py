@@ -27,6 +27,7 @@ from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.generate.ledger import Ledger, ResultRow, summarize
 from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
+from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
 from polar_cli.server.config import ServerConfig
@@ -125,6 +126,9 @@ def service_task(task: TaskRequest, sample: int, attempt: int) -> TaskRequest:
     """The one-sample service task that runs (task, sample) for the ``attempt``-th time."""
     metadata = {**task.metadata, "polar_generate": {"task_id": task.task_id, "sample_index": sample,
                                                      "attempt": attempt}}  # fmt: skip
+    script = metadata.get(SCRIPT_KEY)
+    if isinstance(script, dict) and "variants" in script:  # its session is sample 0 of its own task: say which
+        metadata[SCRIPT_KEY] = {**script, "sample_index": sample}
     return task.model_copy(update={"task_id": f"{task.task_id}.s{sample}.a{attempt}", "num_samples": 1,
                                    "metadata": metadata})  # fmt: skip
 

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "polar_cli.commands.export",
     "polar_cli.commands.verify",
     "polar_cli.commands.view",
+    "polar_cli.commands.replay",
     "polar_cli.commands.serve",
     "polar_cli.commands.submit",
     "polar_cli.commands.status",

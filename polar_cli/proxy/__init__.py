@@ -8,7 +8,8 @@ This module is the proxy's public surface: code outside ``polar_cli/proxy`` impo
   :func:`serve_proxy` (``polar proxy``).
 - Sessions and records: :func:`session_options` and :func:`inline_script` (what a session or task may pass its
   backend), :func:`read_journal` (a session's journaled Completions), :func:`detect` (which provider route a request
-  is).
+  is); :func:`mask_session`, :func:`messages_divergence` and :func:`tools_digest` (a replayed request against the
+  original's, as the scripted backend checks a turn's ``expect``).
 - The inference pool: :class:`InferencePool` (the proxy's backend: replicas, routing, pause and resume, policy
   versions, weight loads) with :class:`PoolConfig`, and :class:`RetryConfig` (how hard an upstream call is tried).
 - Backends: the built-in clients (:class:`VllmClient`, :class:`SglangClient`, :class:`OpenAICompatClient` with
@@ -21,6 +22,7 @@ from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.app import create_proxy_app, proxy_error_shape
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient
 from polar_cli.proxy.backends.openai import OpenAICompatClient
+from polar_cli.proxy.backends.script_check import mask_session, messages_divergence, tools_digest
 from polar_cli.proxy.backends.scripted import ScriptedClient, ScriptedConfig
 from polar_cli.proxy.backends.sglang import SglangClient
 from polar_cli.proxy.backends.vllm import VllmClient
@@ -58,9 +60,12 @@ __all__ = [
     "inline_script",
     "journal_path",
     "load_tokenizer",
+    "mask_session",
+    "messages_divergence",
     "proxy_error_shape",
     "read_journal",
     "reshaping",
     "serve_proxy",
     "session_options",
+    "tools_digest",
 ]

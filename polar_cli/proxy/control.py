@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 class ProxySessionCreate(StrictModel):
     """Body of ``POST /sessions``. ``script`` and ``backend_options`` are checked against the backend's per-session
-    allow-list: a script is an inline list of turns, never a path. ``sampling`` is forced onto every model call;
-    ``limits`` are enforced on them."""
+    allow-list: a script is inline (a list of turns, or a mapping of variants), never a path. ``sampling`` is forced
+    onto every model call; ``limits`` are enforced on them."""
 
     session_id: SessionId | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -44,12 +44,18 @@ def _allowed(backend: BackendClient, options: Mapping[str, Any], where: str) -> 
     return validate_model(model, dict(options), source=where).model_dump(exclude_unset=True)
 
 
-INLINE_SCRIPT_RULE = "a session's script must be an inline list of turns (script files come only from --script)"
+INLINE_SCRIPT_RULE = (
+    "a session's script must be an inline list of turns, or a mapping of variants (script files come only from "
+    "--script)"
+)
+SAMPLE_INDEX_KEY = "sample_index"
+"""``metadata.sample_index`` (set by the gateway for each session of a task): which variant of a script it plays."""
 
 
-def inline_script(script: Any) -> list[Any]:
-    """``script`` when it is an inline list of turns; else ConfigError: a session or task may not name a host file."""
-    if not isinstance(script, list):
+def inline_script(script: Any) -> list[Any] | dict[str, Any]:
+    """``script`` when it is inline (a list of turns, or a mapping of variants); else ConfigError: a session or task
+    may not name a host file."""
+    if not isinstance(script, list | dict):
         raise ConfigError(f"{INLINE_SCRIPT_RULE}, not {type(script).__name__} {brief(script)}")
     return script
 
@@ -60,8 +66,9 @@ def session_options(
     """A session's ``(metadata, backend options)``: the options are checked against the backend's allow-list
     (``BackendClient.session_options``; ConfigError → 400 naming the field). ``metadata.script`` must be an inline
     list; it moves to the options of a backend that takes a ``script`` and is dropped for one that does not (a task's
-    script is for the scripted backend). Pure: nothing is opened or read, so a session can be checked before it is
-    created."""
+    script is for the scripted backend). ``metadata.sample_index`` also goes to a backend that takes a
+    ``sample_index`` (the scripted backend picks a script's variant with it). Pure: nothing is opened or read, so a
+    session can be checked before it is created."""
     metadata = dict(metadata or {})
     options = _allowed(backend, backend_options or {}, "backend_options")
     if SCRIPT_KEY in metadata:
@@ -74,6 +81,11 @@ def session_options(
             if "script" in options:
                 raise ConfigError("a session's script is given twice: metadata.script and the session's own script")
             options.update(_allowed(backend, {"script": script}, "metadata.script"))
+    model = backend.session_options
+    sample_index = metadata.get(SAMPLE_INDEX_KEY)
+    takes_it = model is not None and SAMPLE_INDEX_KEY in model.model_fields and SAMPLE_INDEX_KEY not in options
+    if takes_it and type(sample_index) is int and sample_index >= 0:
+        options[SAMPLE_INDEX_KEY] = sample_index
     return metadata, options
 
 

@@ -85,3 +85,33 @@ def test_export_json_is_one_document_on_stdout(tmp_path: Path, env: dict[str, st
     steps, hints = done.stderr.splitlines()[:-2], done.stderr.splitlines()[-2:]
     assert steps[0] == "polar export: reading rollouts" and all(s.startswith("polar export: ") for s in steps)
     assert [line.split(":")[0] for line in hints] == ["load it", "push it"]
+
+
+def test_configs_and_splits_without_rows_stay_out_of_the_card_so_every_listed_one_loads(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """``datasets`` cannot load a split with no rows (``Instruction "train" corresponds to no data!``): a card that
+    listed ``preferences`` with 0 rows, or a ``test`` split with none, made ``load_dataset`` of it raise ValueError."""
+    from polar_cli.export.card import dataset_card, loadable_splits
+
+    splits = {"traces": {"train": 2, "test": 1}, "messages": {"train": 2, "test": 1}, "preferences": {"train": 0}}
+    assert loadable_splits(splits) == {"traces": {"train": 2, "test": 1}, "messages": {"train": 2, "test": 1}}
+    mixed = {"traces": {"train": 2, "test": 1}, "preferences": {"train": 1, "test": 0}}
+    assert loadable_splits(mixed) == {"traces": {"train": 2, "test": 1}, "preferences": {"train": 1}}
+    card = dataset_card(license="other", splits=mixed, stats=[], group_by="repo", per_split={}, source="x",
+                        filters="every session")  # fmt: skip
+    assert "preferences/test-*" not in card and "preferences/train-*" in card
+
+    generated_folder(tmp_path / "rollouts")  # every session accepted: no pair, 0 preferences rows
+    done = run(["-m", "polar_cli", "export", "rollouts", "--to", "ds", "--json"], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["configs"]["preferences"] == {"train": 0}
+    code = ("import datasets, json, sys\n"
+            "names = datasets.get_dataset_config_names('ds')\n"
+            "rows = {n: {s: d.num_rows for s, d in datasets.load_dataset('ds', n).items()} for n in names}\n"
+            "print(json.dumps(rows))\n")  # fmt: skip
+    loaded = run(["-c", code], tmp_path, env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout) == {"traces": {"train": 3}, "messages": {"train": 3}}
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert "`preferences` has no rows here" in card and 'load_dataset("THIS_DATASET", "preferences")' not in card

@@ -164,6 +164,6 @@ def test_builtin_commands_come_through_register_commands_before_a_plugins(tmp_pa
     assert register_commands in [impl.function for impl in hooks]
     group = get_command(build_app())
     names = group.list_commands(click.Context(group))
-    assert names == ["run", "generate", "export", "push-hub", "verify", "view", "serve", "submit", "status", "proxy",
-                     "doctor", "plugins", "hello", "inference", "harness"]  # fmt: skip
+    assert names == ["run", "generate", "export", "push-hub", "verify", "view", "replay", "serve", "submit", "status",
+                     "proxy", "doctor", "plugins", "hello", "inference", "harness"]  # fmt: skip
     reset_registry()

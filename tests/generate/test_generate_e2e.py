@@ -162,7 +162,7 @@ def test_exported_messages_hold_the_tool_calls_pi_made(run: dict[str, Any]) -> N
     for row in rows:
         name = json.loads(row["metadata"])["instance_id"]
         script_calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                        for turn in TASKS[name][4] for c in turn.get("tool_calls", [])]  # fmt: skip
+                        for turn in TASKS[name][4][0] for c in turn.get("tool_calls", [])]  # fmt: skip
         made = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                 for m in row["messages"] if m["role"] == "assistant" for c in m["tool_calls"] or []]  # fmt: skip
         assert made == script_calls

@@ -2,13 +2,17 @@
 
 A script is a list of OpenAI-style assistant messages. Each generation call of a session takes the session's next
 turn, renders the prompt and the turn with a real HF chat template, and answers like vLLM would (prompt ids, response
-ids through the end-of-turn token, one deterministic logprob per token). See docs/scripted-backend.md.
+ids through the end-of-turn token, one deterministic logprob per token). A turn may carry the ids and logprobs to
+answer with instead, and what the request must be (``expect``: a replayed session, see :mod:`polar_cli.replay`).
+A script may also be a set of variants, one played per sample of a task (cycled, or a seeded draw per sample index).
+See docs/scripted-backend.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -16,15 +20,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from polar_cli.config import read_data_file
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
+from polar_cli.proxy.backends.script_check import ExpectedRequest, divergence, mask_session
 from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
+
+log = logging.getLogger("polar.proxy.scripted")
 
 
 class ScriptFunction(StrictModel):
@@ -52,21 +59,78 @@ class ScriptTurn(StrictModel):
     reasoning_content: str | None = None
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     error: ScriptError | None = None
+    response_ids: list[int] | None = Field(default=None, description="answer with these ids instead of rendering")
+    logprobs: list[float] | None = Field(default=None, description="their logprobs (default: the deterministic ones)")
+    expect: ExpectedRequest | None = Field(default=None, description="what this call's request must be (a replay)")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> ScriptTurn:
+        if self.logprobs is not None and len(self.logprobs) != len(self.response_ids or []):
+            raise ValueError("logprobs needs response_ids of the same length")
+        return self
 
 
 class Script(StrictModel):
     turns: list[ScriptTurn]
 
 
+class ScriptVariants(StrictModel):
+    """Several scripts for one task: each sample plays one, so a task's samples can differ (mixed rewards)."""
+
+    variants: list[list[Any]] = Field(min_length=1, description="the scripts (each a list of turns)")
+    choose: Literal["cycle", "seeded"] = Field(
+        default="cycle", description="cycle: sample k plays variant k mod n; seeded: a draw keyed by (seed, k)"
+    )
+    seed: int = 0
+    sample_index: int | None = Field(
+        default=None, ge=0, description="choose for this sample index instead of the session's (polar generate runs "
+        "each sample as a one-sample task, and sets it)"
+    )
+
+
+def choose_variant(count: int, sample_index: int, *, choose: Literal["cycle", "seeded"] = "cycle",
+                   seed: int = 0) -> int:  # fmt: skip
+    """Which of ``count`` variants sample ``sample_index`` plays: the same for the same (seed, sample index) in any
+    process (a hash, not Python's salted ``hash`` or a shared random state)."""
+    if choose == "cycle":
+        return sample_index % count
+    digest = hashlib.sha256(f"{seed}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+class ScriptSet:
+    """A loaded script: one list of turns, or variants of which each sample plays one."""
+
+    __slots__ = ("choose", "pinned", "seed", "variants")
+
+    def __init__(self, variants: list[list[ScriptTurn]], choose: Literal["cycle", "seeded"] = "cycle", seed: int = 0,
+                 pinned: int | None = None) -> None:  # fmt: skip
+        self.variants = variants
+        self.choose = choose
+        self.seed = seed
+        self.pinned = pinned
+        """The sample index the script itself names (``sample_index``), which wins over the session's."""
+
+    def for_sample(self, sample_index: int) -> list[ScriptTurn]:
+        sample_index = sample_index if self.pinned is None else self.pinned
+        index = choose_variant(len(self.variants), sample_index, choose=self.choose, seed=self.seed)
+        return self.variants[index]
+
+
 class ScriptedConfig(StrictModel):
     """Options of the scripted backend."""
 
-    script: list[Any] | str | None = Field(default=None, description="turns, or a JSON/YAML file holding them")
+    script: list[Any] | dict[str, Any] | str | None = Field(
+        default=None, description="turns or variants, or a JSON/YAML file holding them"
+    )
     tokenizer: str | None = Field(default=None, description="HF tokenizer dir or id; default: the demo tokenizer")
     model: str = "polar-scripted"
     on_exhausted: Literal["final", "error"] = "final"
     exhausted_text: str = "[polar scripted backend] The script has no more turns; ending here."
     end_of_turn: str | None = None
+    on_mismatch: Literal["error", "warn"] = Field(
+        default="error", description="a request unlike its turn's expect: fail the call (409), or log and answer"
+    )
 
     @field_validator("script", mode="before")
     @classmethod
@@ -75,32 +139,48 @@ class ScriptedConfig(StrictModel):
 
 
 def _inline(value: Any) -> Any:
-    if not isinstance(value, list):
+    if not isinstance(value, list | dict):
         raise ValueError(f"{INLINE_SCRIPT_RULE}, not {type(value).__name__}")
     return value
 
 
-InlineScript = Annotated[list[Any], BeforeValidator(_inline)]
-"""A session's own script: turns given inline. Never a path: a session is created by a remote caller, and a path
-would make the proxy read (or block on) any file it names."""
+InlineScript = Annotated[list[Any] | dict[str, Any], BeforeValidator(_inline)]
+"""A session's own script: turns (or variants) given inline. Never a path: a session is created by a remote caller,
+and a path would make the proxy read (or block on) any file it names."""
 
 
 class ScriptedSessionOptions(StrictModel):
     """What one session may pass to the scripted backend (its allow-list)."""
 
     script: InlineScript | None = Field(default=None, description="this session's turns (a list, never a path)")
+    sample_index: int = Field(default=0, ge=0, description="which variant of a script with variants it plays")
 
 
-def load_script(source: list[Any] | str | Path, *, where: str = "script") -> list[ScriptTurn]:
-    """Validate a script given inline (a list) or as a JSON/YAML file path (operator configuration only)."""
+def load_script_set(source: list[Any] | dict[str, Any] | str | Path, *, where: str = "script") -> ScriptSet:
+    """Validate a script (a list of turns, or ``{variants, choose, seed}``) given inline or as a JSON/YAML file path
+    (operator configuration only). Every variant is checked, whichever sample plays it."""
     if isinstance(source, str | Path):
         where = str(source)
         data = read_data_file(source)
     else:
         data = source
+    if isinstance(data, dict):
+        spec = validate_model(ScriptVariants, data, source=where)
+        variants = [_turns(v, f"{where}: variants[{k}]") for k, v in enumerate(spec.variants)]
+        return ScriptSet(variants, spec.choose, spec.seed, spec.sample_index)
+    return ScriptSet([_turns(data, where)])
+
+
+def _turns(data: Any, where: str) -> list[ScriptTurn]:
     if not isinstance(data, list):
         raise ConfigError(f"{where}: a script is a list of assistant messages, got {type(data).__name__}")
     return validate_model(Script, {"turns": data}, source=where).turns
+
+
+def load_script(source: list[Any] | dict[str, Any] | str | Path, *, where: str = "script",
+                sample_index: int = 0) -> list[ScriptTurn]:  # fmt: skip
+    """The turns sample ``sample_index`` plays of a script given inline or as a file (see :func:`load_script_set`)."""
+    return load_script_set(source, where=where).for_sample(sample_index)
 
 
 def _logprob(token_id: int, position: int) -> float:
@@ -109,11 +189,13 @@ def _logprob(token_id: int, position: int) -> float:
 
 
 class _Cursor:
-    __slots__ = ("position", "turns")
+    __slots__ = ("diverged", "position", "turns")
 
     def __init__(self, turns: list[ScriptTurn]) -> None:
         self.turns = turns
         self.position = 0
+        self.diverged: str | None = None
+        """Why a replayed request differed from its turn's ``expect``: every later call of the session fails so."""
 
 
 def _halves(text: str | None) -> list[str]:
@@ -214,14 +296,21 @@ class ScriptedClient(BackendClient):
 
     def __init__(self, config: ScriptedConfig) -> None:
         self.config = config
-        self.default_turns = load_script(config.script) if config.script is not None else []
+        self.default_script = load_script_set(config.script) if config.script is not None else ScriptSet([[]])
         self.renderer = ChatRenderer(load_tokenizer(config.tokenizer), config.end_of_turn)
         self._cursors: dict[str, _Cursor] = {}
 
+    @property
+    def default_turns(self) -> list[ScriptTurn]:
+        """What a session with no script of its own plays (sample 0's variant of ``--script``)."""
+        return self.default_script.for_sample(0)
+
     async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:
-        script = validate_model(ScriptedSessionOptions, dict(options), source=f"session {session_id}").script
-        turns = self.default_turns if script is None else load_script(script, where=f"session {session_id} script")
-        self._cursors[session_id] = _Cursor(turns)
+        opened = validate_model(ScriptedSessionOptions, dict(options), source=f"session {session_id}")
+        script = self.default_script
+        if opened.script is not None:
+            script = load_script_set(opened.script, where=f"session {session_id} script")
+        self._cursors[session_id] = _Cursor(script.for_sample(opened.sample_index))
 
     async def close_session(self, session_id: str) -> None:
         self._cursors.pop(session_id, None)
@@ -233,10 +322,16 @@ class ScriptedClient(BackendClient):
         size = text_chars(request.messages, request.tools)
         return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))
 
-    def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
+    def _cursor(self, session_id: str) -> _Cursor:
         cursor = self._cursors.get(session_id)
         if cursor is None:
             cursor = self._cursors[session_id] = _Cursor(self.default_turns)
+        return cursor
+
+    def _next_turn(self, session_id: str) -> tuple[int, ScriptTurn | None]:
+        cursor = self._cursor(session_id)
+        if cursor.diverged is not None:  # a harness retrying the failed call must not be answered by the next turn
+            raise BackendError(cursor.diverged, status=409)
         position = cursor.position
         cursor.position += 1
         return position, cursor.turns[position] if position < len(cursor.turns) else None
@@ -264,10 +359,34 @@ class ScriptedClient(BackendClient):
                              add_generation_prompt)  # fmt: skip
         return Rendered(ids=ids)
 
-    def _render(self, request: ChatRequest, message: dict[str, Any]) -> tuple[list[int], list[int]]:
+    def _render(self, request: ChatRequest, message: dict[str, Any], turn: ScriptTurn) -> tuple[list[int], list[int]]:
         given = request.token_prompt
         prompt_ids = list(given.ids) if given is not None else self.renderer.prompt_ids(request.messages, request.tools)
+        if turn.response_ids is not None:
+            return prompt_ids, list(turn.response_ids)
         return prompt_ids, self.renderer.turn_ids(request.messages, request.tools, message)
+
+    def _check_expected(self, request: ChatRequest, session_id: str, position: int, turn: ScriptTurn) -> None:
+        """A replayed turn: the request must be the original's (its session's own paths aside)."""
+        if turn.expect is None:
+            return
+        messages = mask_session(request.messages, session_id)
+        tools = mask_session(request.tools, session_id)
+        diverged = divergence(turn.expect, messages, tools)
+        if diverged is None:
+            return
+        problem = f"scripted replay: session {session_id}, call {position + 1}: {diverged}"
+        log.warning("%s", problem)
+        if self.config.on_mismatch == "error":
+            self._cursor(session_id).diverged = problem
+            raise BackendError(problem, status=409)
+
+    def _check_ids(self, session_id: str, position: int, turn: ScriptTurn) -> None:
+        size = len(self.renderer.tokenizer)
+        if turn.response_ids is not None and any(not 0 <= t < size for t in turn.response_ids):
+            raise BackendError(f"scripted backend: turn {position + 1} of session {session_id} carries token ids "
+                               f"outside the tokenizer's vocabulary ({size}): give the tokenizer the script was "
+                               "recorded with (--tokenizer)")  # fmt: skip
 
     async def generate(self, request: ChatRequest, *, session_id: str) -> Generation:
         started = time.perf_counter()
@@ -276,13 +395,16 @@ class ScriptedClient(BackendClient):
             if self.config.on_exhausted == "error":
                 raise BackendError(f"scripted backend: the script of session {session_id} has no turn {position + 1}")
             turn = ScriptTurn(content=self.config.exhausted_text)
+        self._check_expected(request, session_id, position, turn)
         if turn.error is not None:
             raise BackendError(turn.error.message, status=turn.error.status)
+        self._check_ids(session_id, position, turn)
         message = self._message(session_id, position, turn)
         prompt_ids, response_ids = await off_loop(
-            text_chars(request.messages, request.tools) + text_chars([message]), self._render, request, message
+            text_chars(request.messages, request.tools) + text_chars([message]), self._render, request, message, turn
         )
         finish = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
+        logprobs = turn.logprobs if turn.logprobs is not None else [_logprob(t, i) for i, t in enumerate(response_ids)]
         return Generation(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             model=self.config.model,
@@ -290,7 +412,7 @@ class ScriptedClient(BackendClient):
             finish_reason=finish,
             prompt_ids=prompt_ids,
             response_ids=response_ids,
-            response_logprobs=[_logprob(t, i) for i, t in enumerate(response_ids)],
+            response_logprobs=list(logprobs),
             response_tokens=self.renderer.tokens(response_ids),
             token_source="backend",
             backend=self.name,
