@@ -83,6 +83,14 @@ def export_command(
     stdout_console().print(table)
     for line in load_hint(to):
         typer.echo(line)
+    for config in empty_configs(report):
+        typer.echo(f"note: {config} has no rows, so the card lists no {config!r} config (datasets cannot load a config "
+                   f"with no rows: load_dataset(..., {config!r}) answers that it is not found)", err=True)
+
+
+def empty_configs(report: ExportReport) -> list[str]:
+    """The configs written without a row (an empty shard each, left out of the card: ``export.card``)."""
+    return [config for config, splits in report.rows.items() if not any(splits.values())]
 
 
 def push_hub_command(

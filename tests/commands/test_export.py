@@ -62,6 +62,8 @@ def test_export_prints_a_table_and_a_load_hint_whose_code_runs(tmp_path: Path, e
         *[f"polar export: writing 3 sessions ({i}/3)" for i in range(4)],
         "polar export: writing the dataset card",
         "polar export: done: 4 files in my dataset",
+        "note: preferences has no rows, so the card lists no 'preferences' config (datasets cannot load a config with "
+        "no rows: load_dataset(..., 'preferences') answers that it is not found)",
     ]
     code = load.removeprefix("load it: ")
     elsewhere = tmp_path / "elsewhere"
