@@ -162,8 +162,6 @@ def run(
     if out is not None:
         refuse_existing(out, overwrite, "--out")
     task = build_task(task_file, overrides)
-    base_dir = task_file.resolve().parent if task_file is not None else None
-    check_task(task, base_dir=base_dir, source=str(task_file) if task_file else "polar run")  # before anything starts
     overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
@@ -174,6 +172,8 @@ def run(
         proxy = proxy.model_copy(update={"token_mode": task.agent.token_mode})
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
+    base_dir = task_file.resolve().parent if task_file is not None else None
+    check_task(task, base_dir=base_dir, source=str(task_file) if task_file else "polar run")  # before anything starts
     pipeline = validate_model(
         PipelineConfig,
         {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},

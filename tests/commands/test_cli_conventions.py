@@ -71,10 +71,10 @@ def test_a_task_files_unknown_names_and_keys_fail_when_read_with_file_field_and_
 
 
 def test_an_unknown_harness_flag_gets_a_suggestion_and_exits_2(tmp_path: Path) -> None:
-    done = polar("run", "--harness", "Shell", "--instruction", "hi", cwd=tmp_path)
+    done = polar("run", "--harness", "Shell", "--instruction", "hi", "--script", str(SCRIPT), cwd=tmp_path)
     assert done.returncode == 2
     assert "agent.harness: unknown harness 'Shell' (did you mean 'shell'?)" in error_line(done)
-    left_out = polar("run", "--harness", "claude-code", "--instruction", "hi", cwd=tmp_path)
+    left_out = polar("run", "--harness", "claude-code", "--instruction", "hi", "--script", str(SCRIPT), cwd=tmp_path)
     assert left_out.returncode == 2
     assert "(installed plugin 'claude-code' is not loaded: add it to $POLAR_LOAD_PLUGINS)" in error_line(left_out)
 
