@@ -87,3 +87,12 @@ def test_a_bad_polar_load_plugins_fails_naming_the_variable(tmp_path: Path) -> N
         assert line.startswith(f"Error: $POLAR_LOAD_PLUGINS names {value!r}, which no installed plugin is "
                                f"(did you mean {suggestion!r}?)"), line  # fmt: skip
         assert "entry-point names" in line and "installed: " in line and "codex" in line
+
+
+def test_an_unknown_backend_fails_before_anything_starts_with_a_suggestion(tmp_path: Path) -> None:
+    for command in (["run", str(SHELL_TASK), "--data-dir", str(tmp_path / "data")], ["proxy"],
+                    ["serve", "--data-dir", str(tmp_path / "data")]):  # fmt: skip
+        done = polar(*command, "--backend", "vlm", "--backend-url", "http://127.0.0.1:1", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert error_line(done).startswith("Error: unknown backend 'vlm' (did you mean 'vllm'?); available: ")
+        assert "starting" not in done.stderr and not (tmp_path / "data").exists()
