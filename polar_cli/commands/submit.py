@@ -26,7 +26,7 @@ ServerOption = Annotated[
     str | None, typer.Option("--server", help=f"The rollout server's URL (default: ${SERVER_ENV}).", show_default=False)
 ]
 TokenOption = Annotated[
-    str | None, typer.Option("--token", help=f"The server's token (default: ${TOKEN_ENV}).", show_default=False)
+    str | None, typer.Option("--token", help=f"The server token (default: ${TOKEN_ENV}).", show_default=False)
 ]
 
 
