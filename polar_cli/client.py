@@ -12,7 +12,8 @@ and how to read the answer, ``_Poll`` drives ``wait`` and ``results``), so the t
             ...
 
 Errors are mapped here, at the boundary: the server's 4xx/5xx become PolarErrors carrying its message (401
-AuthError, 404 SessionError, 409 SessionExistsError, 400/422 ConfigError), and httpx's transport errors
+AuthError, 404 SessionError, 409 SessionExistsError, 400/422 and any other 4xx ConfigError, 502/503/504
+ServiceUnavailableError), and httpx's transport errors
 ServiceUnavailableError naming the URL.
 """
 
@@ -79,7 +80,7 @@ _STATUS_ERRORS: dict[int, type[PolarError]] = {
     409: SessionExistsError,
     422: ConfigError,
 }
-_INFERENCE_ERRORS: dict[int, type[PolarError]] = {**_STATUS_ERRORS, 404: PolarError, 409: PoolControlError}
+_INFERENCE_ERRORS: dict[int, type[PolarError]] = {**_STATUS_ERRORS, 404: ConfigError, 409: PoolControlError}
 """The ``/inference`` routes: a 409 is a gateway that failed or a version going back; a 404 a server without them."""
 
 
@@ -121,7 +122,11 @@ def _error_for(response: httpx.Response, errors: Mapping[int, type[PolarError]] 
     message = message or response.text.strip()[:300] or response.reason_phrase
     request = response.request
     where = f"{request.method} {request.url.path}"
-    return errors.get(response.status_code, PolarError)(f"{message} (HTTP {response.status_code} on {where})")
+    status = response.status_code
+    fallback: type[PolarError] = ConfigError if 400 <= status < 500 else PolarError  # docs/cli.md: any 4xx exits 2
+    if status in (502, 503, 504):
+        fallback = ServiceUnavailableError
+    return errors.get(status, fallback)(f"{message} (HTTP {status} on {where})")
 
 
 def _transport_error(url: str, exc: httpx.HTTPError) -> PolarError:

@@ -27,6 +27,11 @@
     │   └── MissingLogprobError      a trainable token (loss_mask 1) without a logprob (names session and position)
     └── MissingDependencyError       an optional package is not installed (names the extra that brings it)
 
+Each class also declares the CLI's exit code (``exit_code``, docs/cli.md): ``EXIT_FAILED`` (1) the work ran and
+failed; ``EXIT_USAGE`` (2) the command cannot run as given (a bad option, file, name or config, a 4xx answer from a
+Polar server, an output that exists); ``EXIT_UNREACHABLE`` (3) a server, backend or hub cannot be reached or refused
+the credentials. ``polar_cli.cli.main`` is the one place that turns them into the process's exit status.
+
 Dependency exceptions are mapped at the boundary with ``raise PolarError(...) from exc``. Each class declares the HTTP
 status it maps to on a server (``http_status``; BackendError carries its own per instance), so servers never find a
 status by matching message text: see ``polar_cli.web.errors.status_for``. Messages quote what a client sent through
@@ -38,23 +43,36 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The work ran and failed: a session or task ended in error, verify or doctor found problems, a runtime, harness,
+builder or evaluator failed."""
+EXIT_USAGE = 2
+"""The command cannot run as given: a bad option, file, config or name, an existing output without --overwrite, a
+data dir in use, a missing optional package, a 4xx (but 401/403) answer from a Polar server. Click's own usage errors
+exit 2 too."""
+EXIT_UNREACHABLE = 3
+"""A Polar server, an inference backend or the HuggingFace Hub cannot be reached, or refused the token (401/403)."""
+
 
 class PolarError(Exception):
     """Base class of every error Polar reports to users."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
     http_status = 500
 
 
 class ConfigError(PolarError):
     """Bad user-provided configuration."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
     http_status = 400
 
 
 class PluginError(PolarError):
     """A plugin failed to load or registered something invalid."""
+
+    exit_code = EXIT_USAGE
 
 
 class UnknownComponentError(PluginError):
@@ -81,6 +99,8 @@ class BodyTooLargeError(ProtocolError):
 
 class BackendError(ProxyError):
     """The inference backend failed."""
+
+    exit_code = EXIT_UNREACHABLE
 
     def __init__(self, message: str, *, status: int = 502, retryable: bool = False) -> None:
         super().__init__(message)
@@ -112,6 +132,8 @@ class EvaluationError(PolarError):
 class SessionError(PolarError):
     """A session is unknown or in the wrong state."""
 
+    exit_code = EXIT_USAGE
+
     http_status = 404
 
 
@@ -123,6 +145,8 @@ class SessionExistsError(SessionError):
 
 class AuthError(PolarError):
     """A control call without the right token."""
+
+    exit_code = EXIT_UNREACHABLE
 
     http_status = 401
 
@@ -136,6 +160,8 @@ class ForbiddenError(AuthError):
 class ServiceUnavailableError(PolarError):
     """A Polar server cannot be reached: connection refused, timed out or broken (worth retrying later)."""
 
+    exit_code = EXIT_UNREACHABLE
+
     http_status = 503
 
 
@@ -143,12 +169,16 @@ class PoolControlError(PolarError):
     """A control call on the inference pools could not be done as asked: a gateway failed, timed out or refused it
     (the message names each one and what it said), or a policy version would go backwards."""
 
+    exit_code = EXIT_USAGE
+
     http_status = 409
 
 
 class HubError(PolarError):
     """The HuggingFace Hub refused or failed an operation (no token, offline mode, an existing repo, an HTTP error)
     or could not be reached."""
+
+    exit_code = EXIT_UNREACHABLE
 
     http_status = 502
 
@@ -164,6 +194,8 @@ class MissingLogprobError(AdapterError):
 class MissingDependencyError(PolarError):
     """An optional package a command needs is not installed; the message names the extra to install
     (see ``polar_cli.extras``)."""
+
+    exit_code = EXIT_USAGE
 
 
 def brief(value: Any, limit: int = 80) -> str:

@@ -6,7 +6,8 @@ announce where they are, run until cancelled.
 - ``server``: the rollout server alone;
 - ``gateway``: one gateway node that registers with ``agent.server_url``.
 
-Where each listens (and the tokens) goes to ``<data_dir>/serve.json`` (mode 0600) as well as to ``on_ready``.
+Where each listens (and the tokens) goes to ``<data_dir>/serve.json`` (mode 0600) as well as to ``on_ready``. One
+``polar serve`` per data dir: ``<data_dir>/serve.lock`` (:class:`DataDirLock`) refuses a second.
 
 A stop (the task cancelled: SIGTERM, Ctrl-C) cancels the gateway's sessions under way; with ``drain_timeout_s`` it
 first drains: no new sessions, up to that long for the ones under way to finish and be reported (a second stop
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from polar_cli.errors import ConfigError
 from polar_cli.gateway.agent import GatewayAgent
 from polar_cli.gateway.config import AgentConfig, GatewayConfig
 from polar_cli.gateway.node import GatewayNode
@@ -40,6 +43,7 @@ from polar_cli.web.listen import listen
 from polar_cli.web.metrics import listen_metrics
 
 INFO_FILE = "serve.json"
+LOCK_FILE = "serve.lock"
 Role = Literal["all", "server", "gateway"]
 
 
@@ -90,6 +94,47 @@ def _write_private(path: Path, text: str) -> None:
         fh.write(text)
 
 
+class DataDirLock:
+    """``<data_dir>/serve.lock``, held with ``fcntl.flock`` for the life of a ``polar serve``: a second one on the same
+    data dir (which would share its database and node id) is refused, naming the first's pid and URL. The kernel
+    drops the lock when its process dies, however it died, so a killed server never blocks a restart."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(self.path)
+            os.close(fd)
+            raise ConfigError(
+                f"data dir {data_dir} is in use by another polar serve ({holder}): stop it, or give this one its own "
+                "--data-dir"
+            ) from None
+        self.fd = fd
+        self.write({"pid": os.getpid()})
+
+    def write(self, holder: dict[str, object]) -> None:
+        """Say who holds the lock (read by a refused second server)."""
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(holder).encode(), 0)
+
+    def release(self) -> None:
+        os.close(self.fd)  # closing the descriptor drops the flock
+
+
+def _holder(path: Path) -> str:
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        holder = {}
+    if not isinstance(holder, dict) or "pid" not in holder:
+        return "still starting"
+    where = ", ".join(str(holder[key]) for key in ("url", "gateway_url") if holder.get(key))
+    return f"pid {holder['pid']}" + (f", {where}" if where else ", still starting")
+
+
 async def serve(
     config: ServeConfig,
     on_ready: Callable[[ServeInfo], None] | None = None,
@@ -104,6 +149,12 @@ async def serve(
     agent: GatewayAgent | None = None
     node: GatewayNode | None = None
     async with contextlib.AsyncExitStack() as stack:
+        data_dirs = {config.server.data_dir} if config.role == "server" else {config.gateway.data_dir}
+        if config.role == "all":
+            data_dirs.add(config.server.data_dir)
+        locks = [DataDirLock(path) for path in sorted({path.resolve() for path in data_dirs})]
+        for lock in locks:
+            stack.callback(lock.release)
         if config.role in ("all", "server"):
             server = await stack.enter_async_context(RolloutServer(config.server))
             listener = await listen(create_app(server), config.server.host, config.server.port)
@@ -127,6 +178,8 @@ async def serve(
         data_dir = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         _write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))
+        for lock in locks:
+            lock.write({"pid": info.pid, "url": info.url, "gateway_url": info.gateway_url})
         if on_ready is not None:
             on_ready(info)
         try:

@@ -29,6 +29,7 @@ from polar_cli.interfaces import (
     InferenceBackend,
     Runtime,
 )
+from polar_cli.models.base import did_you_mean, folded
 
 ENTRY_POINT_GROUP = "polar"
 LOAD_ENV = "POLAR_LOAD_PLUGINS"
@@ -95,6 +96,21 @@ def installed_entry_points() -> list[md.EntryPoint]:
     return sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
+def check_allow_list(allowed: set[str], installed: list[md.EntryPoint]) -> None:
+    """PluginError for a ``POLAR_LOAD_PLUGINS`` name that no installed plugin has: a typo, or a package or module
+    name where the entry-point name belongs (``polar-codex`` for ``codex``), would otherwise load nothing silently."""
+    names = sorted({ep.name for ep in installed})
+    for wrong in sorted(allowed - set(names)):
+        by_other_name = [ep.name for ep in installed
+                         if folded(wrong) in (folded(_dist_of(ep)[0]), folded(ep.value.split(":")[0]))]  # fmt: skip
+        hint = f" (did you mean {by_other_name[0]!r}?)" if by_other_name else did_you_mean(wrong, names)
+        raise PluginError(
+            f"${LOAD_ENV} names {wrong!r}, which no installed plugin is{hint}: it is a comma-separated list of "
+            f"plugin entry-point names (group {ENTRY_POINT_GROUP!r}, as `polar plugins --all` lists them), not package "
+            f"or module names; installed: {', '.join(names) or 'none'}; empty: load none"
+        )
+
+
 def _dist_of(ep: md.EntryPoint) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
     if dist is None:
@@ -112,7 +128,10 @@ def create_plugin_manager() -> tuple[pluggy.PluginManager, dict[str, PluginSourc
         pm.register(module, name=module_name)
         sources[module_name] = PluginSource(module_name, CORE_DISTRIBUTION, _core_version())
     allowed = allowed_entry_points()
-    for ep in installed_entry_points():
+    installed = installed_entry_points()
+    if allowed:
+        check_allow_list(allowed, installed)
+    for ep in installed:
         if allowed is not None and ep.name not in allowed:
             continue
         package, version = _dist_of(ep)
@@ -186,7 +205,21 @@ class Registry:
             return self._by_kind[kind][name].component
         except KeyError:
             available = ", ".join(self.names(kind)) or "none"
-            raise UnknownComponentError(f"unknown {kind} {name!r}; available: {available}") from None
+            hint = _left_out_hint(name) or did_you_mean(name, self.names(kind))
+            raise UnknownComponentError(f"unknown {kind} {name!r}{hint}; available: {available}") from None
+
+
+
+def _left_out_hint(name: str) -> str:
+    """`` (installed plugin 'claude-code' is not loaded: ...)`` when ``name`` is the name of an installed plugin that
+    ``POLAR_LOAD_PLUGINS`` leaves out (its components are usually named after it)."""
+    allowed = allowed_entry_points()
+    if allowed is None:
+        return ""
+    for ep in installed_entry_points():
+        if ep.name not in allowed and folded(ep.name) == folded(name):
+            return f" (installed plugin {ep.name!r} is not loaded: add it to ${LOAD_ENV})"
+    return ""
 
 
 _lock = threading.Lock()

@@ -4,6 +4,10 @@ Called when a task is submitted (the gateway node, ``polar run``, the rollout se
 HTTP 400), so a typo fails at once, naming the field, instead of after the agent ran. Neither the server nor the
 gateway owns it: both import it from here.
 
+Each name (runtime backend, harness, builder and evaluator strategy) is looked up first, so a typo is an
+UnknownComponentError naming the field, with a did-you-mean; ``polar run`` calls it with the task file as ``source``
+when it reads the file, before anything starts.
+
 - ``runtime``: the backend exists and accepts the spec and its ``config`` (``Runtime.check_spec``); every prepare
   action has what its type needs and names no host path outside the task's base dir;
 - ``agent``: the harness exists and accepts ``agent.config`` (``Harness.check_config``);
@@ -17,33 +21,38 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from polar_cli.errors import ConfigError
+from polar_cli.errors import ConfigError, UnknownComponentError
 from polar_cli.models import TaskRequest
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import inline_script
 from polar_cli.registry import get_builder, get_evaluator, get_harness, get_runtime
 from polar_cli.runtimes.prepare import check_prepare
 
+T = TypeVar("T")
 
-def check_task(task: TaskRequest, *, base_dir: Path | None = None) -> None:
-    """Raise ConfigError (or UnknownComponentError) naming the task and the field of the first problem found."""
-    runtime = get_runtime(task.runtime.backend)
-    harness = get_harness(task.agent.harness)
-    builder = get_builder(task.builder.strategy)
-    evaluator = get_evaluator(task.evaluator.strategy)
-    _field(task, "runtime", lambda: runtime.check_spec(task.runtime))
-    _field(task, "runtime.prepare", lambda: check_prepare(task.runtime.prepare, base_dir=base_dir))
-    _field(task, "agent.config", lambda: harness.check_config(task.agent.config))
-    _field(task, "builder.config", lambda: builder.check_config(task.builder.config))
-    _field(task, "evaluator.config", lambda: evaluator.check_config(task.evaluator.config))
+
+def check_task(task: TaskRequest, *, base_dir: Path | None = None, source: str | None = None) -> None:
+    """Raise ConfigError (or UnknownComponentError, with a did-you-mean) naming the task, the field of the first
+    problem found, and ``source`` (the task file) when given."""
+    prefix = f"{source}: " if source else ""
+    runtime = _field(task, "runtime.backend", lambda: get_runtime(task.runtime.backend), prefix)
+    harness = _field(task, "agent.harness", lambda: get_harness(task.agent.harness), prefix)
+    builder = _field(task, "builder.strategy", lambda: get_builder(task.builder.strategy), prefix)
+    evaluator = _field(task, "evaluator.strategy", lambda: get_evaluator(task.evaluator.strategy), prefix)
+    _field(task, "runtime", lambda: runtime.check_spec(task.runtime), prefix)
+    _field(task, "runtime.prepare", lambda: check_prepare(task.runtime.prepare, base_dir=base_dir), prefix)
+    _field(task, "agent.config", lambda: harness.check_config(task.agent.config), prefix)
+    _field(task, "builder.config", lambda: builder.check_config(task.builder.config), prefix)
+    _field(task, "evaluator.config", lambda: evaluator.check_config(task.evaluator.config), prefix)
     script = task.metadata.get(SCRIPT_KEY)
     if script is not None:
-        _field(task, "metadata.script", lambda: inline_script(script))
+        _field(task, "metadata.script", lambda: inline_script(script), prefix)
 
 
-def _field(task: TaskRequest, where: str, check: Callable[[], object]) -> None:
+def _field(task: TaskRequest, where: str, check: Callable[[], T], prefix: str = "") -> T:
     try:
-        check()
-    except ConfigError as exc:
-        raise ConfigError(f"task {task.task_id!r}: {where}: {exc}") from exc
+        return check()
+    except (ConfigError, UnknownComponentError) as exc:
+        raise type(exc)(f"{prefix}task {task.task_id!r}: {where}: {exc}") from exc

@@ -6,6 +6,8 @@ from polar_cli.errors import PluginError, UnknownComponentError
 from polar_cli.registry import (
     DEFAULT_PLUGINS,
     LOAD_ENV,
+    did_you_mean,
+    get_builder,
     get_dataset,
     get_harness,
     get_registry,
@@ -77,9 +79,37 @@ def test_allow_list_excludes_other_plugins(tmp_path, monkeypatch) -> None:
         source=HARNESS_PLUGIN.format(name="echo2"),
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    use_plugins(monkeypatch, "something-else")
+    write_plugin_dist(tmp_path / "other", package="polar-other", version="1.0", entry_point="other",
+                      module="polar_other_test", source=HARNESS_PLUGIN.format(name="other"))  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path / "other"))
+    use_plugins(monkeypatch, "other")  # an installed plugin, not this one
+    assert get_harness("other").name == "other"
     with pytest.raises(UnknownComponentError):
         get_harness("echo2")
+
+
+def test_an_unknown_name_suggests_the_closest_with_dash_and_underscore_alike(tmp_path, monkeypatch) -> None:
+    assert did_you_mean("claude-code", ["claude_code", "qwen_code", "codex"]) == " (did you mean 'claude_code'?)"
+    assert did_you_mean("Qwen-Code", ["claude_code", "qwen_code"]) == " (did you mean 'qwen_code'?)"
+    assert did_you_mean("prefix_merge", ["per_request", "prefix_merging"]) == " (did you mean 'prefix_merging'?)"
+    assert did_you_mean("zzz", ["per_request", "prefix_merging"]) == ""
+    write_plugin_dist(tmp_path, package="polar-echo", version="1.0", entry_point="echo", module="polar_echo_dym",
+                      source=HARNESS_PLUGIN.format(name="my_agent"))  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    use_plugins(monkeypatch, "echo")
+    with pytest.raises(UnknownComponentError, match=r"unknown harness 'my-agent' \(did you mean 'my_agent'\?\); "):
+        get_harness("my-agent")
+    with pytest.raises(UnknownComponentError, match=r"unknown builder 'per-request' \(did you mean 'per_request'"):
+        get_builder("per-request")
+
+
+def test_polar_load_plugins_naming_no_installed_plugin_is_an_error(monkeypatch) -> None:
+    use_plugins(monkeypatch, "codex,polar-swebench")
+    with pytest.raises(PluginError, match=r"\$POLAR_LOAD_PLUGINS names 'polar-swebench', which no installed plugin is "
+                       r"\(did you mean 'swebench'\?\): it is a comma-separated list of plugin entry-point names"):
+        get_registry()
+    use_plugins(monkeypatch, "")  # empty: none, and no error
+    assert {reg.source.package for reg in get_registry().registrations()} == {"polar-rl"}
 
 
 def test_duplicate_names_name_both_sources(tmp_path, monkeypatch) -> None:

@@ -235,7 +235,7 @@ def evaluate(model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, 
                 spec_path.write_text(eval_task(harness, file, line, args.max_tokens))
                 results = spec_path.with_suffix(".results.jsonl")
                 polar("run", str(spec_path), "--backend", "vllm", "--backend-url", url, "--model", MODEL_NAME,
-                      "--samples", str(args.eval_samples), "--out", str(results), "--no-install",
+                      "--samples", str(args.eval_samples), "--out", str(results), "--overwrite", "--no-install",
                       "--data-dir", str(out / "eval" / "polar-data"))  # fmt: skip
                 for row in (json.loads(x) for x in results.read_text().splitlines() if x) if results.exists() else []:
                     sessions += 1

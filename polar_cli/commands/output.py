@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,11 +24,21 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from polar_cli.errors import ConfigError
+
 # Wide enough that no table cell is ever truncated when stdout is a pipe or a file (rich's default there is 80);
 # tables are not expanded, so they take only the width they need.
 PIPE_WIDTH = 100_000
 
 JsonOption = typer.Option(False, "--json", help="Print one JSON document on stdout (human text goes to stderr).")
+OverwriteOption = typer.Option(False, "--overwrite", help="Replace the output if it exists (default: refuse).")
+
+
+def refuse_existing(path: Path, overwrite: bool, flag: str) -> None:
+    """The one output convention (docs/cli.md): an output that exists is an error naming ``--overwrite``, unless
+    given. Checked before any work starts, so a refusal costs nothing."""
+    if not overwrite and path.exists():
+        raise ConfigError(f"{flag} {path} exists: pass --overwrite to replace it")
 
 
 def stdout_console() -> Console:

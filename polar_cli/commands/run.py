@@ -8,19 +8,30 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
-from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console, steps
+from polar_cli.commands.output import (
+    JsonOption,
+    OverwriteOption,
+    emit_json,
+    progress_bar,
+    refuse_existing,
+    stderr_console,
+    stdout_console,
+    steps,
+)
 from polar_cli.config import read_data_file, set_dotted
-from polar_cli.errors import ConfigError
+from polar_cli.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.gateway.embedded import run_embedded
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import SessionResult, TaskRequest, validate_model
 from polar_cli.registry import get_harness
+from polar_cli.task_check import check_task
 from polar_cli.web.auth import CONTROL_TOKEN_ENV, resolve_token
 
 STATUS_STYLE = {
@@ -46,9 +57,12 @@ def build_task(path: Path | None, overrides: dict[str, Any]) -> TaskRequest:
     return validate_model(TaskRequest, data, source=str(path) if path else "polar run")
 
 
-def _short(text: str | None, limit: int = 70) -> str:
-    line = (text or "").strip().splitlines()[0] if text and text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+FAILED_STATUSES = ("error", "no_model_call")
+"""Session statuses that make ``polar run`` and ``polar submit --wait`` exit 1 (docs/cli.md)."""
+
+
+def any_failed(results: list[SessionResult]) -> bool:
+    return any(r.status in FAILED_STATUSES for r in results)
 
 
 RESULT_COLUMNS = ("status", "reward", "completions", "traces", "trainable tokens", "seconds", "error")
@@ -74,7 +88,7 @@ def result_cells(r: SessionResult) -> list[str]:
         str(len(r.trajectory.traces)),
         str(sum(t.trainable_tokens for t in r.trajectory.traces)),
         f"{r.stage_seconds.get('total', 0.0):.1f}",
-        _short(r.error),
+        escape((r.error or "").strip()),  # whole: a terminal wraps it, a pipe or file gets it on one line
     ]
 
 
@@ -118,6 +132,7 @@ def run(
     stream_mode: backend_options.StreamMode = "passthrough",
     token_mode: backend_options.TokenModeOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
+    overwrite: bool = OverwriteOption,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where results/ and journal/ go.")] = Path("polar-data"),
     run_slots: int = typer.Option(8, "--run-slots", min=1, help="Harnesses running at once."),
     init_workers: int = typer.Option(8, "--init-workers", min=1, help="Runtimes starting at once."),
@@ -133,8 +148,9 @@ def run(
 ) -> None:
     """Run one task's sessions on an embedded gateway: live progress, a summary table, results as JSONL.
 
-    Exits 1 when any session ended with status error, 130/143 when stopped by Ctrl-C/SIGTERM, else 0. With --json,
-    stdout is one JSON list of the SessionResults."""
+    Exits 1 when any session ended with status error or no_model_call, 130/143 when stopped by Ctrl-C/SIGTERM,
+    else 0 (docs/cli.md). --out is never replaced without --overwrite. With --json, stdout is one JSON list of the
+    SessionResults."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
     if task_file is None and (harness is None or instruction is None):
         raise ConfigError("polar run: give a task file, or at least --harness and --instruction")
@@ -143,6 +159,8 @@ def run(
         "runtime.backend": runtime, "runtime.image": image, "num_samples": samples, "timeout_seconds": timeout,
         "builder.strategy": builder, "evaluator.strategy": evaluator,
     }  # fmt: skip
+    if out is not None:
+        refuse_existing(out, overwrite, "--out")
     task = build_task(task_file, overrides)
     overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
@@ -154,6 +172,8 @@ def run(
         proxy = proxy.model_copy(update={"token_mode": task.agent.token_mode})
     proxy.backend_config()  # a bad backend combination fails now
     proxy.check_scripted(task.task_id, task.metadata)
+    base_dir = task_file.resolve().parent if task_file is not None else None
+    check_task(task, base_dir=base_dir, source=str(task_file) if task_file else "polar run")  # before anything starts
     pipeline = validate_model(
         PipelineConfig,
         {"run_slots": run_slots, "init_workers": init_workers, "postrun_workers": postrun_workers},
@@ -180,8 +200,6 @@ def run(
         def update(metrics: dict[str, Any], results: list[SessionResult]) -> None:
             finished[:] = results
             progress.update(bar, completed=len(results), stages=_stages(metrics))
-
-        base_dir = task_file.resolve().parent if task_file is not None else None
 
         def ready(node: GatewayNode) -> None:
             shown = node.config.control_token if generated else f"from --control-token or ${CONTROL_TOKEN_ENV}"
@@ -212,7 +230,7 @@ def run(
         )  # fmt: skip
         raise typer.Exit(interrupted.exit_code)
     console.print(f"{where}; journals: {data_dir / 'journal'}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(1 if any(r.status in ("error", "no_model_call") for r in results) else 0)
+    raise typer.Exit(EXIT_FAILED if any_failed(results) else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from polar_cli.client import SERVER_ENV, TOKEN_ENV
 from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
@@ -54,7 +56,9 @@ def _announce(info: ServeInfo, data_dir: Path) -> None:
     if info.url:
         typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
         typer.echo(f"  server token: {info.token}")
-        typer.echo(f"  submit: curl -s -H 'Authorization: Bearer {info.token}' {info.url}/rollout/status")
+        exports = f"{SERVER_ENV}={shlex.quote(info.url)} {TOKEN_ENV}={shlex.quote(info.token or '')}"
+        typer.echo(f"  export {exports}    # in the shell that submits, then:")
+        typer.echo("  polar submit TASK.yaml --wait    # TASK.yaml: a task file, e.g. examples/shell-agent.yaml")
     if info.gateway_url:
         typer.echo(f"Gateway node {info.node_id} on {info.gateway_url}")
     if info.metrics_url:

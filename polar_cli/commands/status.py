@@ -36,6 +36,9 @@ again."""
 RECENT_TASKS_SHOWN = 5
 """Rows of the service view's table of the last ended tasks (``--json`` has every task the server sent)."""
 
+NODE_CAPTION = ("assigned: sessions the server sent the node and has not seen finish; running and queued: as the node "
+                "reported them in its last heartbeat (its age in the last column)")
+
 
 def _ago(timestamp: float | None) -> str:
     return "-" if timestamp is None else f"{max(0.0, time.time() - timestamp):.1f}s ago"
@@ -58,8 +61,10 @@ def service_tables(status: ServiceStatus) -> Group:
     sessions.add_column("sessions", justify="right")
     for stage in get_args(SessionState):
         sessions.add_row(stage, str(status.sessions.get(stage, 0)))
-    nodes = Table(title="nodes")
-    counts = ("run slots", "running", "queued", "assigned")
+    # running/queued are the node's own figures from its last heartbeat (they lag the sessions table above by up to
+    # the heartbeat's age); assigned is the server's own count: the labels say which is which.
+    nodes = Table(title="nodes", caption=NODE_CAPTION)
+    counts = ("run slots", "assigned", "running at heartbeat", "queued at heartbeat")
     for column in ("node", "url", "health", "draining", *counts, "heartbeat"):
         nodes.add_column(column, justify="right" if column in counts else "left")
     for node in status.nodes:
@@ -70,9 +75,9 @@ def service_tables(status: ServiceStatus) -> Group:
             "[green]healthy[/green]" if node.healthy else "[red]unhealthy[/red]",
             "[yellow]draining[/yellow]" if node.draining else "no",
             str(node.load.run_slots),
+            "-" if node.load.assigned is None else str(node.load.assigned),
             str(node.load.running),
             str(node.load.queued),
-            "-" if node.load.assigned is None else str(node.load.assigned),
             heartbeat,
         )
     counts_row = Table.grid(padding=(0, 2))  # side by side: the view fits a terminal's height under --watch

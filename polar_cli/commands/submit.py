@@ -19,14 +19,15 @@ from polar_cli.client import SERVER_ENV, TOKEN_ENV, PolarClient
 from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console
 from polar_cli.commands.reward_tables import task_reward_table
-from polar_cli.commands.run import build_task, styled, summary_table
+from polar_cli.commands.run import any_failed, build_task, styled, summary_table
+from polar_cli.errors import EXIT_FAILED, EXIT_OK
 from polar_cli.models import SubmitAnswer, TaskStatus
 
 ServerOption = Annotated[
     str | None, typer.Option("--server", help=f"The rollout server's URL (default: ${SERVER_ENV}).", show_default=False)
 ]
 TokenOption = Annotated[
-    str | None, typer.Option("--token", help=f"The server's token (default: ${TOKEN_ENV}).", show_default=False)
+    str | None, typer.Option("--token", help=f"The server token (default: ${TOKEN_ENV}).", show_default=False)
 ]
 
 
@@ -60,7 +61,8 @@ def submit(
 ) -> None:
     """Submit a task to a rollout server and print its id; with --wait, show progress and a summary table.
 
-    With --wait, exits 1 when any session ended with status error, else 0. SIGTERM or Ctrl-C stops following the
+    With --wait, exits 1 when the task ended failed or cancelled or any session ended with status error or
+    no_model_call, else 0 (docs/cli.md). SIGTERM or Ctrl-C stops following the
     task (it keeps running on the server)."""
     task = build_task(task_file, {"num_samples": samples, "task_id": task_id})
     console = stderr_console()
@@ -95,7 +97,8 @@ def submit(
     console.print(f"task {final.task_id}: {outcome(final)}")
     if as_json:
         emit_json(final)
-    raise typer.Exit(1 if any(r.status == "error" for r in results) else 0)
+    ended_badly = final.state in ("failed", "cancelled") or any_failed(results)
+    raise typer.Exit(EXIT_FAILED if ended_badly else EXIT_OK)
 
 
 def _announce(client: PolarClient, answer: SubmitAnswer, console: Console) -> None:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from polar_cli.commands import sources
+from polar_cli.commands.output import OverwriteOption, refuse_existing
 from polar_cli.commands.sources import ONLINE_HELP, ServerOption, SinceOption, TaskOption, TokenOption
 from polar_cli.inputs import ServerTasks, Source
 from polar_cli.view import ViewServer, load_view, render_html
@@ -25,7 +26,7 @@ def default_out(source: Source) -> Path:
 
 
 SOURCE_HELP = f"A polar run --out results file (JSONL), a polar generate folder, an exported dataset, {ONLINE_HELP}."
-OUT_HELP = "The HTML file to write (default: ./<name>.html; with --serve, none unless given)."
+OUT_HELP = "The HTML file to write (default: ./<name>.html; with --serve, none unless given); see --overwrite."
 TOKENIZER_HELP = "HF tokenizer (folder or hub id): the text of prompt tokens and of tokens recorded without text."
 
 
@@ -40,10 +41,14 @@ def view_command(
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port for --serve (0: a free one)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
     title: str | None = typer.Option(None, "--title", help="The page title."),
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Open results in the browser: a session list, and each session's chains as token streams with their loss mask,
     logprobs, messages and evaluator report."""
     source = sources.source(path, server, token, task, since)
+    target = out or (None if serve else default_out(source))
+    if target is not None:
+        refuse_existing(target, overwrite, "--out" if out is not None else "the page")
     loaded = None
     if tokenizer is not None:
         from polar_cli.proxy import load_tokenizer
@@ -51,8 +56,7 @@ def view_command(
         loaded = load_tokenizer(tokenizer)
     view = load_view(source, tokenizer=loaded)
     page = render_html(view, title=title).encode()
-    if out is not None or not serve:
-        target = out or default_out(source)
+    if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(page)
         typer.echo(f"{len(view.sessions)} sessions -> {target} (open file://{target.resolve()})")

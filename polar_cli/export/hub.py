@@ -46,7 +46,7 @@ def push_to_hub(folder: Path, repo_id: str, *, private: bool = False, token: str
     except HfHubHTTPError as exc:
         status = hf_hub.http_status(exc)
         if status == 409:
-            raise HubError(f"dataset repo {repo_id} already exists (--exist-ok uploads into it)") from exc
+            raise ConfigError(f"dataset repo {repo_id} already exists (--exist-ok uploads into it)") from exc
         if status in (401, 403):
             raise HubError(f"cannot push {repo_id}: the Hub at {hub} refused the token (HTTP {status}; pass --token, "
                            "set HF_TOKEN, or run `hf auth login`)") from exc  # fmt: skip

@@ -188,6 +188,7 @@ def polar_run_file(task_file: Path, folder: Path, *args: str, cwd: Path | None =
     """``polar run TASK_FILE ARGS...`` in a subprocess, results and journals under ``folder``: one report per
     session (one report with no result when none was written)."""
     out, data = folder / "out.jsonl", folder / "polar-data"
+    out.unlink(missing_ok=True)  # a fresh results file each run (polar run never replaces one)
     argv = [sys.executable, "-m", "polar_cli", "run", str(task_file), *args, "--out", str(out), "--data-dir",
             str(data), "--no-install"]  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}

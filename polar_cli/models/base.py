@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -16,6 +17,23 @@ class StrictModel(BaseModel):
     """User-facing config: unknown fields are errors."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def folded(name: str) -> str:
+    """``name`` as compared for suggestions: ``-`` and ``_`` alike, case ignored."""
+    return name.replace("-", "_").lower()
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'claude_code'?)`` for the closest of ``choices`` (``-``/``_`` and case confusions first), or
+    ``""``: the one suggestion every unknown plugin name, entry point or config key gets."""
+    choices = list(choices)
+    same = [choice for choice in choices if folded(choice) == folded(name)]
+    if not same:
+        by_folded = {folded(choice): choice for choice in choices}
+        close = difflib.get_close_matches(folded(name), list(by_folded), n=1, cutoff=0.6)
+        same = [by_folded[match] for match in close]
+    return f" (did you mean {same[0]!r}?)" if same else ""
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -58,11 +76,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
         loc = tuple(err.get("loc", ()))
         where = _location(loc)
         if err.get("type") == "extra_forbidden":
-            hint = ""
-            known = _known_fields(model, loc)
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
-            if close:
-                hint = f" (did you mean '{close[0]}'?)"
+            hint = did_you_mean(str(loc[-1]), _known_fields(model, loc)) if loc else ""
             lines.append(f"unknown field '{where}'{hint}")
         else:
             lines.append(f"{where}: {err.get('msg')}")
@@ -75,7 +89,8 @@ def describe_config_keys_error(exc: ValidationError, model: type[BaseModel]) -> 
     errors = exc.errors()
     unknown = sorted(_location(tuple(e["loc"])) for e in errors if e["type"] == "extra_forbidden")
     known = ", ".join(sorted(model.model_fields))
-    parts = [f"unknown config {', '.join(unknown)} (known: {known})"] if unknown else []
+    hints = "".join(did_you_mean(key, model.model_fields) for key in unknown[:1] if len(unknown) == 1)
+    parts = [f"unknown config {', '.join(unknown)}{hints} (known: {known})"] if unknown else []
     for err in errors:
         where, kind, context = f"config {_location(tuple(err['loc']))}", err["type"], err.get("ctx") or {}
         if kind == "literal_error":

@@ -89,6 +89,9 @@ class ProxyConfig(StrictModel):
         """Keyword options for ``InferenceBackend.client`` (built-in backends get only what they accept), for the
         replica at ``url`` (default: the first). ``pooled``: the pool retries and fails over itself, so each replica's
         client tries once."""
+        from polar_cli.registry import get_backend  # at call time: the registry imports the proxy's plugins
+
+        get_backend(self.backend)  # an unknown name fails here, before anything starts, with a did-you-mean
         options: dict[str, Any] = {}
         if self.backend == "scripted":
             if self.backend_url:

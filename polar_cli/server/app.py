@@ -44,7 +44,7 @@ def create_app(server: RolloutServer) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_MB * 1024 * 1024, middlewares=[json_errors(what="rollout server")])
 
     def guard(handler: Handler) -> Handler:
-        return guarded(server.token, "the rollout server", handler)
+        return guarded(server.token, "the rollout server", handler, token_name="server token")
 
     async def submit(request: web.Request) -> web.Response:
         return _json(await server.submit(await _body(request, TaskRequest)))

@@ -73,7 +73,7 @@ from polar_cli.server.store import (
 )
 from polar_cli.server.store_threads import StoreThreads
 from polar_cli.task_check import check_task
-from polar_cli.web.auth import bearer_matches, new_token
+from polar_cli.web.auth import bearer_matches, bearer_token, new_token
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "POLAR_TOKEN"
@@ -325,8 +325,10 @@ class RolloutServer:
     def check_node(self, node_id: str, request: Any) -> None:
         """AuthError unless ``request`` carries the token of registered node ``node_id``."""
         node = self._nodes.get(node_id)
+        if bearer_token(request) is None:
+            raise AuthError(f"node {node_id!r} calls need that node's node token (Authorization: Bearer <node token>)")
         if node is None or not bearer_matches(request, node.token):
-            raise AuthError(f"node {node_id!r} calls need that node's token (Authorization: Bearer <node token>)")
+            raise AuthError(f"wrong node token: it is not the token node {node_id!r} registered with")
 
     async def register(self, body: RegisterBody) -> RegisterAnswer:
         """A gateway (re)starts: whatever the server thought ran there and is not among its held results is lost."""

@@ -53,17 +53,19 @@ def bearer_matches(request: web.Request, token: str) -> bool:
     return presented is not None and hmac.compare_digest(header_bytes(presented), header_bytes(token))
 
 
-def check_bearer(request: web.Request, token: str, what: str) -> None:
-    """AuthError (401) unless the request carries ``token``."""
+def check_bearer(request: web.Request, token: str, what: str, token_name: str = "control token") -> None:
+    """AuthError (401) unless the request carries ``token``; a missing token and a wrong one read differently."""
+    if bearer_token(request) is None:
+        raise AuthError(f"{what} needs its {token_name}: send it as Authorization: Bearer <{token_name}>")
     if not bearer_matches(request, token):
-        raise AuthError(f"{what} needs its control token (Authorization: Bearer <token>)")
+        raise AuthError(f"wrong {token_name}: {what} does not accept the bearer token sent")
 
 
-def guarded(token: str, what: str, handler: Handler) -> Handler:
+def guarded(token: str, what: str, handler: Handler, token_name: str = "control token") -> Handler:
     """``handler`` behind the bearer guard: without the token it is never called (401)."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        check_bearer(request, token, what)
+        check_bearer(request, token, what, token_name)
         return await handler(request)
 
     return wrapper

@@ -115,14 +115,43 @@ def test_submit_wait_exits_1_when_a_session_errored(served: Served, tmp_path: Pa
     assert "exited with status 1" in run.stdout and "Traceback" not in run.stderr
 
 
+def test_submit_wait_exits_1_when_the_task_failed_without_an_errored_session(served: Served, tmp_path: Path) -> None:
+    task_file = write_task(tmp_path / "silent.json", "cli-silent", {"CALLS": "0"})  # its agent never calls the model
+    run = polar("submit", str(task_file), "--wait", served=served)
+    assert "task cli-silent: failed, 0 completed, 1 failed of 1" in run.stderr, run.stderr
+    assert run.returncode == 1 and "no_model_call" in run.stdout
+
+
+def test_session_tables_show_the_error_whole_in_a_pipe(served: Served, tmp_path: Path) -> None:
+    cause = "the sandbox could not reach Polar's proxy at http://127.0.0.1:1/s/abc/v1 after 3 tries " + "x" * 120
+    task_file = write_task(tmp_path / "crash.json", "cli-long-error", {"CALLS": "1", "CRASH": cause})
+    waited = polar("submit", str(task_file), "--wait", served=served)
+    assert waited.returncode == 1 and cause in waited.stdout, waited.stdout
+    shown = polar("status", "cli-long-error", served=served)
+    assert shown.returncode == 0 and cause in shown.stdout and "..." not in shown.stdout, shown.stdout
+
+
+def test_exit_codes_follow_the_convention(served: Served, tmp_path: Path) -> None:
+    """docs/cli.md: 2 for what the user gave (a 4xx), 3 for what cannot be reached or refuses the token."""
+    unreachable = polar("status", env={"POLAR_SERVER": "http://127.0.0.1:1"}, served=served)
+    assert unreachable.returncode == 3 and "cannot reach the Polar server" in unreachable.stderr
+    missing = polar("status", "cli-nope", env={"POLAR_TOKEN": ""}, served=served)
+    wrong = polar("status", "cli-nope", env={"POLAR_TOKEN": "not-the-token"}, served=served)
+    assert missing.returncode == wrong.returncode == 3
+    assert "needs its server token" in missing.stderr and "HTTP 401" in missing.stderr, missing.stderr
+    assert "wrong server token" in wrong.stderr and "HTTP 401" in wrong.stderr, wrong.stderr
+    unknown = polar("status", "cli-nope", served=served)
+    assert unknown.returncode == 2 and "unknown task 'cli-nope'" in unknown.stderr
+
+
 def test_cli_errors_are_one_line(served: Served, tmp_path: Path) -> None:
     env = {**os.environ, "POLAR_LOAD_PLUGINS": ""}
     unknown = subprocess.run([sys.executable, "-m", "polar_cli", "status", "nope", "--server", served.url,
                               "--token", served.token], capture_output=True, text=True, env=env)  # fmt: skip
-    assert unknown.returncode == 1 and "HTTP 404" in unknown.stderr and "Traceback" not in unknown.stderr
+    assert unknown.returncode == 2 and "HTTP 404" in unknown.stderr and "Traceback" not in unknown.stderr
     wrong = subprocess.run([sys.executable, "-m", "polar_cli", "status", "--server", served.url, "--token", "wrong"],
                            capture_output=True, text=True, env=env)  # fmt: skip
-    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
+    assert wrong.returncode == 3 and "HTTP 401" in wrong.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("task_id: x\ninstruction: y\nagent: {harness: shell}\nnum_sample: 3\n")
     invalid = subprocess.run([sys.executable, "-m", "polar_cli", "submit", str(bad), "--server", served.url],
@@ -158,7 +187,7 @@ def test_submit_task_ids_fresh_named_existing_and_taken(served: Served, tmp_path
     existed = f"task cli-named already existed on {served.url} with this body: completed, 1 completed, 0 failed of 1"
     assert again.stderr.strip() == f"{existed}; nothing new runs (--task-id NEW runs it again)"
     taken = polar("submit", str(task_file), "--task-id", "cli-named", "--samples", "2", served=served)
-    assert taken.returncode == 1 and taken.stdout == "" and len(taken.stderr.strip().splitlines()) == 1
+    assert taken.returncode == 2 and taken.stdout == "" and len(taken.stderr.strip().splitlines()) == 1
     assert taken.stderr.startswith("Error: task 'cli-named' exists with a different body: submit this one under")
     assert "polar submit --task-id ID" in taken.stderr and "HTTP 409" in taken.stderr
 

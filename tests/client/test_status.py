@@ -127,3 +127,25 @@ def test_watch_shows_an_error_while_the_server_is_gone_and_keeps_trying(tmp_path
                            capture_output=True, text=True, env=ENV, timeout=60)  # fmt: skip
     assert human.returncode == 0 and "Traceback" not in human.stderr
     assert human.stdout.count("retrying every 0.2s") == 2 and url in human.stdout
+
+
+def test_the_nodes_table_says_whose_figures_it_shows() -> None:
+    """A node's running/queued come from its last heartbeat and may lag the sessions the server has seen finish: the
+    table labels them as the node's, beside the server's own count (assigned) and the heartbeat's age."""
+    from rich.console import Console
+
+    from polar_cli.commands.status import service_tables
+    from polar_cli.models import NodeLoad, NodeStatus, ServiceStatus
+
+    node = NodeStatus(node_id="node-1", url="http://127.0.0.1:1", healthy=True, heartbeat_age_s=4.2,
+                      load=NodeLoad(run_slots=8, running=4, queued=0, assigned=0))  # fmt: skip
+    status = ServiceStatus(tasks={"completed": 1}, sessions={"finished": 4}, nodes=[node])
+    console = Console(width=400, record=True)
+    console.print(service_tables(status))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "node" in line and "url" in line)
+    assert [cell.strip() for cell in header.split("┃")[5:9]] == ["run slots", "assigned", "running at heartbeat",
+                                                                "queued at heartbeat"]  # fmt: skip
+    row = next(line for line in text.splitlines() if "node-1" in line)
+    assert [cell.strip() for cell in row.split("│")[5:10]] == ["8", "0", "4", "0", "4.2s ago"]
+    assert "running and queued: as the node reported them in its last heartbeat" in " ".join(text.split())

@@ -224,9 +224,9 @@ def test_push_hub_uploads_the_folder_and_says_why_it_cannot(run: dict[str, Any])
         again = polar(push, run["cwd"], env)
         *steps, error = again.stderr.strip().splitlines()  # the steps that ran (stderr is no terminal), the error
         assert steps == [f"polar push-hub: creating dataset repo {repo} at {hub.url}"]
-        assert again.returncode == 1
+        assert again.returncode == 2  # docs/cli.md: an output that exists
         assert error == f"Error: dataset repo {repo} already exists (--exist-ok uploads into it)"
     offline = polar(push, run["cwd"], {"HF_HUB_OFFLINE": "1", "HF_TOKEN": "x"})
-    assert offline.returncode == 1 and len(offline.stderr.strip().splitlines()) == 1 and "offline" in offline.stderr
+    assert offline.returncode == 3 and len(offline.stderr.strip().splitlines()) == 1 and "offline" in offline.stderr
     no_token = polar([*push, "--exist-ok"], run["cwd"], {"HF_TOKEN": "", "HF_HOME": str(run["cwd"] / "hf-home")})
-    assert no_token.returncode == 1 and no_token.stderr.strip().startswith("Error: no HuggingFace token")
+    assert no_token.returncode == 3 and no_token.stderr.strip().startswith("Error: no HuggingFace token")

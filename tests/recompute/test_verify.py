@@ -256,4 +256,4 @@ def test_without_torch_the_error_names_the_extra(models: dict[str, Path], tmp_pa
     assert polar("verify", "--help", env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}).returncode == 0
     done = polar("verify", str(path), "--recompute", "--model", str(models["a"]),
                  env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})  # fmt: skip
-    assert done.returncode == 1 and "needs torch: pip install 'polar-rl[train]'" in done.stderr, done.stderr
+    assert done.returncode == 2 and "needs torch: pip install 'polar-rl[train]'" in done.stderr, done.stderr
