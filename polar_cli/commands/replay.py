@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from polar_cli.commands.output import stderr_console, stdout_console
+from polar_cli.commands.output import OverwriteOption, refuse_existing, stderr_console, stdout_console
 from polar_cli.replay import compare_sessions, load_session, replay_script
 
 Source = Annotated[
@@ -66,10 +66,13 @@ def replay(
         "where it diverged.",
         show_default=False,
     ),
+    overwrite: bool = OverwriteOption,
 ) -> None:
     """Turn a recorded session into a script for the scripted backend, so a harness run can be reproduced without a
     model (polar run TASK --script script.yaml); each replayed request is checked against the original's."""
     console = stderr_console()
+    if out is not None and check is None:
+        refuse_existing(out, overwrite, "--out")
     original = load_session(source, session=session, journal_dir=journal)
     if check is not None:
         result = compare_sessions(original, load_session(check, journal_dir=journal, allow_empty=True))

@@ -4,6 +4,7 @@ POLAR_LOAD_PLUGINS fails naming the variable."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,16 @@ def test_run_and_view_refuse_an_existing_output_unless_overwrite(tmp_path: Path)
     assert polar("view", str(out), cwd=tmp_path).returncode == 2
     assert polar("view", str(out), "--out", str(page), "--overwrite", cwd=tmp_path).returncode == 0
     assert page.read_text() != "mine"
+
+    script = tmp_path / "replay.yaml"  # polar replay --out: the same convention
+    session = "--session=" + json.loads(out.read_text().splitlines()[0])["session_id"]
+    journal = ["--journal", str(tmp_path / "data" / "journal")]
+    assert polar("replay", str(out), session, *journal, "--out", str(script), cwd=tmp_path).returncode == 0
+    script.write_text("mine")
+    kept = polar("replay", str(out), session, *journal, "--out", str(script), cwd=tmp_path)
+    assert kept.returncode == 2 and "--overwrite" in error_line(kept) and script.read_text() == "mine"
+    replayed = polar("replay", str(out), session, *journal, "--out", str(script), "--overwrite", cwd=tmp_path)
+    assert replayed.returncode == 0 and script.read_text().startswith("# polar replay")
 
 
 def test_a_task_files_unknown_names_and_keys_fail_when_read_with_file_field_and_suggestion(tmp_path: Path) -> None:
