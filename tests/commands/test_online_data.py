@@ -205,11 +205,11 @@ def test_clear_one_line_errors(online: Online, tmp_path: Path) -> None:
             with pytest.raises(PolarError) as caught:
                 polar(*args)
         assert expected in str(caught.value) and "\n" not in str(caught.value), (args, str(caught.value))
-    # the whole way, as a user sees it: one line on stderr, exit 1, no traceback
+    # the whole way, as a user sees it: one line on stderr, exit 2 (a 4xx: docs/cli.md), no traceback
     run = subprocess.run([sys.executable, "-m", "polar_cli", "export", "--server", online.url, "--token", TOKEN,
                           "--task", "no-such-task", "--to", str(tmp_path / "w")],
                          capture_output=True, text=True, env={**env, "POLAR_LOAD_PLUGINS": ""})  # fmt: skip
-    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith("Error: unknown task 'no-such-task' (HTTP 404")
 
 
