@@ -6,6 +6,7 @@ unknown keys, so a misspelled one would vanish silently there)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -123,3 +124,12 @@ def test_context_exact_goes_with_the_sample() -> None:
     assert not inexact.context_exact
     outputs = [verl_trace_output(t) for t in (inexact, make_trace([1, 1]))]
     assert [check(o.to_kwargs()).extra_fields["polar"]["context_exact"] for o in outputs] == [False, True]
+
+
+def test_to_native_without_verl_is_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """veRL is simulated absent (``sys.modules["verl"] = None`` makes its import fail as when it is not installed)."""
+    from polar_cli.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "verl", None)
+    with pytest.raises(MissingDependencyError, match=r"^VerlAgentLoopOutput.to_native needs verl: pip install verl$"):
+        verl_trace_output(make_trace([1])).to_native()
