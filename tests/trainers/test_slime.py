@@ -122,3 +122,8 @@ def test_to_native_without_slime_is_the_install_hint(monkeypatch: pytest.MonkeyP
         "SlimeSample.to_native needs slime: pip install slime (Slime is not on PyPI: install it from "
         "github.com/THUDM/slime)"
     )
+
+
+def test_one_group_alone_is_a_list_of_one() -> None:
+    a = [make_result([make_trace([1])], session_id=f"a{i}", sample_index=i) for i in range(2)]
+    assert [[s.session_id for s in group] for group in slime_groups(a)] == [["a0", "a1"]]
