@@ -16,7 +16,7 @@ import typer
 import yaml
 
 from polar_cli.cli import build_app
-from tests.support.docs import ROOT, Block, all_blocks
+from tests.support.docs import DOCS, ROOT, Block, all_blocks
 
 BLOCKS = all_blocks()
 CODE = [b for b in BLOCKS if b.language in ("bash", "python")]
@@ -101,3 +101,15 @@ LOADERS: dict[str, Any] = {"yaml": yaml.safe_load, "toml": tomllib.loads, "json"
 @pytest.mark.parametrize("block", DATA, ids=ids(DATA))
 def test_data_blocks_parse(block: Block) -> None:
     LOADERS[block.language](block.text)
+
+
+INTERNAL = ("TRAINERS.md", "DESIGN.md", "PROTOCOLS.md", "HARNESSES.md", "SWEBENCH.md", "../shared")
+"""Files of the developers' own notes, which users of Polar do not have: the docs must stand without them."""
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_no_doc_cites_the_developers_notes(path: Any) -> None:
+    cited = [(n, name) for n, line in enumerate(path.read_text().splitlines(), 1) for name in INTERNAL if name in line]
+    assert not cited, f"{path.relative_to(ROOT)} cites notes users do not have: " + ", ".join(
+        f"{name} (line {n})" for n, name in cited
+    )
