@@ -113,3 +113,18 @@ def test_no_doc_cites_the_developers_notes(path: Any) -> None:
     assert not cited, f"{path.relative_to(ROOT)} cites notes users do not have: " + ", ".join(
         f"{name} (line {n})" for n, name in cited
     )
+
+
+def test_the_readme_installs_torch_cpu_before_the_train_extra() -> None:
+    """A bare ``pip install -e ".[train]"`` pulls PyPI's CUDA torch (GBs): the README's block that installs the extra
+    installs torch's CPU build first, from PyTorch's CPU index, and names the pin CI installs."""
+    readme = ROOT / "README.md"
+    blocks = [b for b in BLOCKS if b.path == readme and b.language == "bash" and '".[train]"' in b.text]
+    assert blocks, "the README has no block installing the train extra"
+    for block in blocks:
+        lines = block.text.splitlines()
+        train = next(i for i, line in enumerate(lines) if '".[train]"' in line)
+        before = "\n".join(lines[:train])
+        assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in before, block.where
+        assert "torch==2.13.0+cpu" in before, block.where
+    assert "torch==2.13.0+cpu" in (ROOT / ".ci" / "run").read_text()  # the pin the README quotes is CI's
