@@ -7,6 +7,7 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -126,3 +127,12 @@ def test_polar_view_writes_name_dot_html_here_by_default(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, "-m", "polar_cli", "view", "missing.jsonl"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode != 0 and done.stderr.strip() == "Error: missing.jsonl: no such file or folder"
+
+
+def test_the_page_the_readme_writes_is_ignored_by_git() -> None:
+    """The README's ``polar view results.jsonl`` writes ``results.html`` in the checkout: git must not offer it."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in ("results.html", "results.jsonl"):
+        done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", name], timeout=60)
+        assert done.returncode == 0, f"{name} is not in .gitignore"
