@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.view import ViewServer, load_view, render_html
 
 
@@ -25,7 +26,7 @@ TOKENIZER_HELP = "HF tokenizer (folder or hub id): the text of prompt tokens and
 def view_command(
     source: Annotated[Path, typer.Argument(help=SOURCE_HELP)],
     out: Annotated[Path | None, typer.Option("--out", help=OUT_HELP)] = None,
-    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 (read-only) until Ctrl-C."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 (read-only) until stopped."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port for --serve (0: a free one)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
     title: str | None = typer.Option(None, "--title", help="The page title."),
@@ -46,11 +47,13 @@ def view_command(
         typer.echo(f"{len(view.sessions)} sessions -> {target} (open file://{target.resolve()})")
     if serve:
         server = ViewServer(page, port=port)
-        typer.echo(f"serving {len(view.sessions)} sessions at {server.url} (read-only, Ctrl-C stops)")
+        typer.echo(f"serving {len(view.sessions)} sessions at {server.url} (read-only, Ctrl-C or SIGTERM stops)")
         try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            typer.echo("stopped.", err=True)
+            with stop_on_signals():  # the signal interrupts serve_forever's wait at once (its poll is 0.5 s)
+                server.serve_forever()
+        except Interrupted as stop:
+            typer.echo(f"stopped ({stop.name}); no longer serving {server.url}", err=True)
+            raise typer.Exit(stop.exit_code) from None
         finally:
             server.server_close()
 
