@@ -199,3 +199,19 @@ def test_export_carries_context_exact_and_the_card_counts_the_inexact_traces(tmp
     card = (tmp_path / "ds" / "README.md").read_text()
     assert "1 of the 2 traces have `context_exact: false`" in card and "`merge: prompt_prefix`" in card
     assert [t.trace.context_exact for t in load_traces(tmp_path / "ds")] == [False, True]  # polar verify reads it
+
+
+def test_the_recipe_pins_a_folder_only_once_an_attempt_ran(tmp_path: Path) -> None:
+    task = TaskRequest(task_id="t0", instruction="x", agent={"harness": "pi"})
+    with Ledger(tmp_path / "gen") as ledger:
+        ledger.check_recipe({"dataset": "demo", "builder": "per_request"})
+        ledger.remember_task(0, "r", task)
+        ledger.check_recipe({"dataset": "demo", "builder": None})  # no attempt yet: replaced, its tasks forgotten
+        assert ledger.stored_task("t0") is None
+        ledger.remember_task(0, "r", task)
+        ledger.start_attempt("t0", 0, 1, "t0.s0.a1")
+        ledger.check_recipe({"dataset": "demo", "builder": None})
+        with pytest.raises(ConfigError, match=r"generated with builder=None, not 'prefix_merging'"):
+            ledger.check_recipe({"dataset": "demo", "builder": "prefix_merging"})
+        ledger.more_samples("t0", 3)
+        assert ledger.task("t0").num_samples == 3 and ledger.task("t0").instruction == "x"
