@@ -16,9 +16,11 @@ EXTRAS = {"pyarrow": "hf", "datasets": "hf", "huggingface_hub": "hf", "docker": 
 def missing(package: str, *, needed_by: str, distribution: str = "polar-rl", extra: str | None = None,
             also: str = "") -> MissingDependencyError:  # fmt: skip
     """The error for ``package`` not being installed: ``<needed_by> needs <package>: pip install '<dist>[<extra>]'``
-    (``also``: what else the user can do, appended)."""
-    extra = extra or EXTRAS[package]
-    return MissingDependencyError(f"{needed_by} needs {package}: pip install '{distribution}[{extra}]'{also}")
+    (``extra``: default the one ``EXTRAS`` names; ``""`` or a package ``EXTRAS`` does not know: ``pip install
+    <dist>``, a package of its own; ``also``: what else the user can do, appended)."""
+    extra = EXTRAS.get(package, "") if extra is None else extra
+    target = f"'{distribution}[{extra}]'" if extra else distribution
+    return MissingDependencyError(f"{needed_by} needs {package}: pip install {target}{also}")
 
 
 def require(module: str, *, needed_by: str, distribution: str = "polar-rl", extra: str | None = None,

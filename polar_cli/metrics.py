@@ -137,8 +137,15 @@ class ProxyMetrics:
         r.register(_Reader(self._collect))
 
     def watch(self, pool: Callable[[], PoolReading], sessions: Callable[[], int]) -> None:
-        """Read the pool's state and the number of open proxy sessions at each scrape."""
+        """Read the pool's state and the number of open proxy sessions at each scrape (the retry counter of each of
+        its replicas starts at 0 now, so it is there before the first retry)."""
         self._pool, self._sessions = pool, sessions
+        self.replicas_known(r.replica for r in pool().replicas)
+
+    def replicas_known(self, replicas: Iterable[str]) -> None:
+        """Start the per-replica counters of ``replicas`` (label values) at 0."""
+        for replica in replicas:
+            self.retries.labels(replica)
 
     def request(self, provider: str, endpoint: str, code: int, stream: bool, seconds: float | None) -> None:
         stream_value = "true" if stream else "false"
@@ -249,6 +256,10 @@ class ServerReading:
     paused: bool = False
 
 
+CALLBACK_KINDS = ("session_result", "task_status")
+CALLBACK_RESULTS = ("delivered", "failed")
+
+
 class ServerMetrics:
     """Tasks, sessions, results, trainer callbacks, nodes, and the policy version on the rollout server."""
 
@@ -270,6 +281,9 @@ class ServerMetrics:
             "polar_server_callbacks", "Trainer callback POSTs, by kind and result (delivered, failed)",
             ["kind", "result"], registry=r,
         )  # fmt: skip
+        for kind in CALLBACK_KINDS:  # at 0 from the start: a dashboard's panel has data before the first callback
+            for result in CALLBACK_RESULTS:
+                self.callbacks.labels(kind, result)
         self.reading = ServerReading()
         self._read: Callable[[], Awaitable[ServerReading]] | None = None
         r.register(_Reader(self._collect))

@@ -16,7 +16,7 @@ import typer
 import yaml
 
 from polar_cli.cli import build_app
-from tests.support.docs import ROOT, Block, all_blocks
+from tests.support.docs import DOCS, ROOT, Block, all_blocks
 
 BLOCKS = all_blocks()
 CODE = [b for b in BLOCKS if b.language in ("bash", "python")]
@@ -101,3 +101,30 @@ LOADERS: dict[str, Any] = {"yaml": yaml.safe_load, "toml": tomllib.loads, "json"
 @pytest.mark.parametrize("block", DATA, ids=ids(DATA))
 def test_data_blocks_parse(block: Block) -> None:
     LOADERS[block.language](block.text)
+
+
+INTERNAL = ("TRAINERS.md", "DESIGN.md", "PROTOCOLS.md", "HARNESSES.md", "SWEBENCH.md", "../shared")
+"""Files of the developers' own notes, which users of Polar do not have: the docs must stand without them."""
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_no_doc_cites_the_developers_notes(path: Any) -> None:
+    cited = [(n, name) for n, line in enumerate(path.read_text().splitlines(), 1) for name in INTERNAL if name in line]
+    assert not cited, f"{path.relative_to(ROOT)} cites notes users do not have: " + ", ".join(
+        f"{name} (line {n})" for n, name in cited
+    )
+
+
+def test_the_readme_installs_torch_cpu_before_the_train_extra() -> None:
+    """A bare ``pip install -e ".[train]"`` pulls PyPI's CUDA torch (GBs): the README's block that installs the extra
+    installs torch's CPU build first, from PyTorch's CPU index, and names the pin CI installs."""
+    readme = ROOT / "README.md"
+    blocks = [b for b in BLOCKS if b.path == readme and b.language == "bash" and '".[train]"' in b.text]
+    assert blocks, "the README has no block installing the train extra"
+    for block in blocks:
+        lines = block.text.splitlines()
+        train = next(i for i, line in enumerate(lines) if '".[train]"' in line)
+        before = "\n".join(lines[:train])
+        assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in before, block.where
+        assert "torch==2.13.0+cpu" in before, block.where
+    assert "torch==2.13.0+cpu" in (ROOT / ".ci" / "run").read_text()  # the pin the README quotes is CI's

@@ -426,8 +426,11 @@ def run(args: argparse.Namespace) -> int:
             if not report["ok"]:
                 print(f"  polar verify failed on step {step}: {report['failed'] or report['structural']}")
 
-    plot(records, out / "reward.png")
-    print(f"wrote {steps_file} and {out / 'reward.png'}")
+    if args.plot:
+        plot(records, out / "reward.png")
+        print(f"wrote {steps_file} and {out / 'reward.png'}")
+    else:
+        print(f"wrote {steps_file}")
     if failed_verify:
         print(f"polar verify --recompute failed on steps {failed_verify}", file=sys.stderr)
         return 1
@@ -448,11 +451,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random weights")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
     parser.add_argument("--vllm-venv", type=Path, default=Path(default_venv), help="vLLM's CPU venv")
+    parser.add_argument("--no-plot", dest="plot", action="store_false", help="no reward.png (no matplotlib needed)")
     return parser.parse_args(argv)
+
+
+def missing_plot_dependency(args: argparse.Namespace) -> str | None:
+    """Why the run cannot plot (matplotlib missing), checked before any work starts; None when it can or need not."""
+    if not args.plot:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("grpo_tiny plots reward.png with matplotlib, which is not installed: pip install matplotlib (it comes "
+                "with Polar's train extra), or pass --no-plot")  # fmt: skip
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if (why := missing_plot_dependency(args)) is not None:
+        print(why, file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds like Ctrl-C: the servers stop
     try:
         return run(args)

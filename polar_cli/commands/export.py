@@ -52,8 +52,9 @@ def export_command(
     min_reward: float | None = typer.Option(None, "--min-reward", help="Only sessions with at least this reward."),
     keep_rejected: bool = typer.Option(False, "--keep-rejected", help="Filtered-out rows go to a 'rejected' split."),
     test_size: float = typer.Option(0.0, "--test-size", help="Fraction of each group's sessions for a test split."),
-    stratify_by: str = typer.Option(
-        "repo", "--stratify-by", help="Task metadata field the split stratifies by and the card's tables group by."
+    stratify_by: str | None = typer.Option(
+        None, "--stratify-by", show_default="repo",
+        help="Task metadata field (or task_id) the split stratifies by and the card's tables group by.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of the preference pairs."),
     license: str = typer.Option("other", "--license", help="The dataset card's license."),

@@ -1,4 +1,4 @@
-"""``polar generate --dataset NAME --out DIR``: run a dataset's tasks on the rollout service (embedded, or
+"""``polar generate --dataset NAME [--out DIR]``: run a dataset's tasks on the rollout service (embedded, or
 ``--server URL``) into a resumable folder, with live progress and a per-group acceptance table."""
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ def parse_dataset_options(path: Path | None, pairs: list[str]) -> dict[str, Any]
     return data
 
 
+def default_out(dataset: str, harness: str | None) -> Path:
+    """``--out``'s default: ``<dataset>-<harness>`` (``<dataset>`` without ``--harness``) in the current folder."""
+    name = f"{dataset}-{harness}" if harness else dataset
+    return Path(name.replace("/", "_"))
+
+
 def group_table(stats: list[GroupStats], group_by: str) -> Table:
     """The paper's Table 2: per group, attempts, accepted and the acceptance rate."""
     table = Table(title=f"acceptance by {group_by}")
@@ -75,7 +81,11 @@ def rewards_table(stats: list[GroupStats], group_by: str) -> Table:
 
 def generate_command(
     dataset: str = typer.Option(..., "--dataset", help="Dataset plugin: demo, tasks_file, hf, ..."),
-    out: Annotated[Path, typer.Option("--out", help="Output folder (ledger.db, service data); resumable.")] = ...,  # type: ignore[assignment]
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Output folder (ledger.db, service data); resumable.",
+                     show_default="DATASET-HARNESS"),
+    ] = None,
     dataset_option: Annotated[
         list[str] | None,
         typer.Option("--dataset-option", "-O", help="A dataset option key=value (repeatable; dotted keys nest)."),
@@ -115,6 +125,11 @@ def generate_command(
 
     Exits 1 when no session completed, 130/143 when stopped by Ctrl-C/SIGTERM (the next run resumes), else 0."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
+    console = stderr_console()
+    if out is None:
+        out = default_out(dataset, harness)
+        console.print(f"output folder: {out} (no --out: named after the dataset and harness; the same command resumes "
+                      "it)", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     options = validate_model(GenerateOptions, {
         "dataset": dataset, "dataset_options": parse_dataset_options(dataset_config, dataset_option or []),
         "harness": harness, "model": model, "samples": samples, "limit": limit, "concurrency": concurrency,
@@ -133,7 +148,6 @@ def generate_command(
         pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},
                                   source="polar generate")  # fmt: skip
         target = embedded_serve_config(out, proxy, pipeline)
-    console = stderr_console()
     if server is None and harness is not None:
         agent = get_harness(harness)
         if not agent.is_installed() and agent.version:

@@ -185,6 +185,9 @@ def verify_command(
         for line in document.get("problems", []):
             stdout_console().print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         verdict = "ok" if ok else "FAILED"
+        if recompute_logprobs and report.scripted:
+            verdict += (f" ({report.scripted} trace(s) sampled by the scripted backend not recomputed: its logprobs "
+                        "are synthetic, no model's)")  # fmt: skip
         if not ok and recompute_logprobs and report.failed:
             verdict += f": {len(report.failed)} trace(s) failed, worst {report.failed[0]}"
             if inexact := report.failed_context_inexact:

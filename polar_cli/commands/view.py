@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from polar_cli.commands import sources
+from polar_cli.commands.interrupt import Interrupted, stop_on_signals
 from polar_cli.commands.output import OverwriteOption, refuse_existing
 from polar_cli.commands.sources import ONLINE_HELP, ServerOption, SinceOption, TaskOption, TokenOption
 from polar_cli.inputs import ServerTasks, Source
@@ -37,7 +38,7 @@ def view_command(
     task: TaskOption = None,
     since: SinceOption = None,
     out: Annotated[Path | None, typer.Option("--out", help=OUT_HELP)] = None,
-    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 (read-only) until Ctrl-C."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the page on 127.0.0.1 (read-only) until stopped."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port for --serve (0: a free one)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
     title: str | None = typer.Option(None, "--title", help="The page title."),
@@ -62,11 +63,13 @@ def view_command(
         typer.echo(f"{len(view.sessions)} sessions -> {target} (open file://{target.resolve()})")
     if serve:
         http = ViewServer(page, port=port)
-        typer.echo(f"serving {len(view.sessions)} sessions at {http.url} (read-only, Ctrl-C stops)")
+        typer.echo(f"serving {len(view.sessions)} sessions at {http.url} (read-only, Ctrl-C or SIGTERM stops)")
         try:
-            http.serve_forever()
-        except KeyboardInterrupt:
-            typer.echo("stopped.", err=True)
+            with stop_on_signals():  # the signal interrupts serve_forever's wait at once (its poll is 0.5 s)
+                http.serve_forever()
+        except Interrupted as stop:
+            typer.echo(f"stopped ({stop.name}); no longer serving {http.url}", err=True)
+            raise typer.Exit(stop.exit_code) from None
         finally:
             http.server_close()
 

@@ -15,6 +15,7 @@ beside ``to`` and renamed into place at the end, so a crash never leaves half a 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 CONFIGS = ("traces", "messages", "preferences")
 REJECTED = "rejected"
+DEFAULT_STRATUM = "repo"
 ExportProgress = Callable[[str, int, int], None]
 """``on_progress(step, done, total)``: what the export is doing; ``done`` of ``total`` sessions while it counts
 them (0 and 0 otherwise)."""
@@ -53,9 +55,10 @@ class ExportOptions(StrictModel):
     min_reward: float | None = Field(default=None, description="only sessions with at least this reward")
     keep_rejected: bool = Field(default=False, description="rows the filters drop go to a 'rejected' split")
     test_size: float = Field(default=0.0, ge=0.0, lt=1.0, description="fraction of each group's sessions for test")
-    stratify_by: str = Field(
-        default="repo",
-        description="task metadata field (or task_id) the split stratifies and the card's statistics group by",
+    stratify_by: str | None = Field(
+        default=None,
+        description="task metadata field (or task_id) the split stratifies and the card's statistics group by (None: "
+        "repo, '-' for a task without one); one that no task has is refused",
     )
     seed: int = Field(default=0, description="seed of the split and of the preference pairs")
     license: str = "other"
@@ -66,10 +69,15 @@ class ExportOptions(StrictModel):
             return False
         return self.min_reward is None or (row.reward is not None and row.reward >= self.min_reward)
 
+    @property
+    def group_field(self) -> str:
+        """The field the split and the card group by: ``stratify_by``, else ``repo``."""
+        return self.stratify_by or DEFAULT_STRATUM
+
     def describe(self) -> str:
         parts = ["accepted only" if self.accepted_only else "", f"reward >= {self.min_reward}" if
                  self.min_reward is not None else "", "rejected rows kept" if self.keep_rejected else "",
-                 f"test split {self.test_size:g} stratified by {self.stratify_by}, seed {self.seed}" if
+                 f"test split {self.test_size:g} stratified by {self.group_field}, seed {self.seed}" if
                  self.test_size else ""]  # fmt: skip
         return "; ".join(p for p in parts if p) or "every session"
 
@@ -207,9 +215,23 @@ class Plan:
         return [r for r in self.rows if (r.task_id, r.sample_index) in wanted]
 
 
+def check_stratum_field(ledger: ExportSource, field: str, strata: dict[str, str]) -> None:
+    """ConfigError when no task has ``field`` (every stratum would be ``-``), with a close spelling among the
+    metadata fields the tasks do have."""
+    if field == "task_id" or not strata or any(value != "-" for value in strata.values()):
+        return
+    fields = sorted({key for task_id in strata for key in without_script(ledger.task(task_id).metadata)})
+    close = difflib.get_close_matches(field, [*fields, "task_id"], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    have = f"their metadata fields: {', '.join(fields)}, or task_id" if fields else "they have no metadata: task_id"
+    raise ConfigError(f"--stratify-by {field!r}: no task has that metadata field{hint}; {have}")
+
+
 def _plan(ledger: ExportSource, options: ExportOptions) -> Plan:
     rows = ledger.rows()
-    strata = ledger.task_field(options.stratify_by)
+    strata = ledger.task_field(options.group_field)
+    if options.stratify_by is not None:  # the default, repo, falls back to '-' for tasks without one
+        check_stratum_field(ledger, options.stratify_by, strata)
     kept = [r for r in rows if options.keeps(r)]
     test = stratified_test_keys([((r.task_id, r.sample_index), strata.get(r.task_id, "-")) for r in kept],
                                 options.test_size, options.seed) if options.test_size else set()  # fmt: skip
@@ -295,7 +317,7 @@ def export(source: Source | ExportSource, to: Path, options: ExportOptions | Non
             report.rows.setdefault(w.config, {})[w.split] = w.rows
         exported = [r for r in plan.rows if (r.task_id, r.sample_index) in plan.split]
         card = dataset_card(license=options.license, splits=report.rows, stats=group_stats(
-            replace(r, group=plan.strata.get(r.task_id, "-")) for r in plan.rows), group_by=options.stratify_by,
+            replace(r, group=plan.strata.get(r.task_id, "-")) for r in plan.rows), group_by=options.group_field,
             per_split=split_counts(exported, plan), source=str(source), filters=options.describe(),
             context_inexact=report.context_inexact,
             harness_stats=group_stats(plan.rows, by=ledger.harnesses()))  # fmt: skip

@@ -109,17 +109,25 @@ class Ledger:
     # ---- the run's identity -------------------------------------------------------------------------------------
 
     def check_recipe(self, recipe: dict[str, object]) -> None:
-        """Remember what this folder generates; a later run with other settings is an error naming the first."""
+        """Remember what this folder generates; once an attempt has run, a later run whose ``recipe`` differs is an
+        error naming the first key that does (``recipe`` holds only what every row depends on: more samples or more
+        tasks extend a folder, see ``stored_task``). Before any attempt, nothing was generated: the new recipe
+        replaces the old one, and the tasks remembered with it are forgotten."""
         row = self.db.execute("SELECT value FROM meta WHERE key = 'recipe'").fetchone()
-        if row is None:
-            self.db.execute("INSERT INTO meta VALUES ('recipe', ?)", (orjson.dumps(recipe).decode(),))
+        started = self.db.execute("SELECT 1 FROM attempts LIMIT 1").fetchone() is not None
+        if row is None or not started:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                self.db.execute("DELETE FROM tasks")
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('recipe', ?)", (orjson.dumps(recipe).decode(),))
             return
         saved = orjson.loads(row[0])
-        for key in sorted(set(saved) | set(recipe)):
+        for key in sorted(recipe):  # a recipe saved by an older Polar has more keys: only these pin the rows
             if saved.get(key) != recipe.get(key):
                 raise ConfigError(
-                    f"{self.path.parent} was generated with {key}={saved.get(key)!r}, not {recipe.get(key)!r}: "
-                    "re-run with the same settings to resume, or use another --out"
+                    f"{self.path.parent} was generated with {key}={saved.get(key)!r}, not {recipe.get(key)!r}: its "
+                    "rows would not match the new ones. Re-run with the same setting to resume or extend it (more "
+                    "--samples and more tasks are fine), or use another --out"
                 )
 
     # ---- tasks --------------------------------------------------------------------------------------------------
@@ -140,6 +148,16 @@ class Ledger:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.executemany("UPDATE tasks SET position = ? WHERE task_id = ?",
                                 [(n, t) for n, t in enumerate(task_ids)])  # fmt: skip
+
+    def stored_task(self, task_id: str) -> TaskRequest | None:
+        """The task as first recorded, None when it is new."""
+        row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else TaskRequest.model_validate_json(row[0])
+
+    def more_samples(self, task_id: str, num_samples: int) -> None:
+        """Raise a recorded task's ``num_samples`` (its other fields stay as first recorded)."""
+        task = self.task(task_id).model_copy(update={"num_samples": num_samples})
+        self.db.execute("UPDATE tasks SET request = ? WHERE task_id = ?", (task.model_dump_json(), task_id))
 
     def task(self, task_id: str) -> TaskRequest:
         row = self.db.execute("SELECT request FROM tasks WHERE task_id = ?", (task_id,)).fetchone()

@@ -24,7 +24,7 @@ from polar_cli.client import AsyncPolarClient
 from polar_cli.config import set_dotted
 from polar_cli.errors import ConfigError, PolarError
 from polar_cli.gateway.config import GatewayConfig, PipelineConfig
-from polar_cli.generate.ledger import Ledger, ResultRow, summarize
+from polar_cli.generate.ledger import LEDGER, Ledger, ResultRow, summarize
 from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
 from polar_cli.models.task import SCRIPT_KEY
@@ -53,9 +53,10 @@ class GenerateOptions(StrictModel):
     accept_min_reward: float = Field(default=1.0, description="a completed session with this reward is accepted")
 
     def recipe(self) -> dict[str, Any]:
-        """What must not change between a run and its resumption."""
-        fixed = {"dataset", "dataset_options", "harness", "model", "samples", "timeout_seconds", "builder", "limit",
-                 "accept_min_reward"}  # fmt: skip
+        """What every row of a folder depends on, so it must not change between a run and its resumption. Samples,
+        the limit and the dataset options may: a task already recorded must come back the same (``check_tasks``), and
+        more samples or more tasks extend the folder."""
+        fixed = {"dataset", "harness", "model", "timeout_seconds", "builder", "accept_min_reward"}
         return self.model_dump(mode="json", include=fixed)
 
     def overrides(self) -> dict[str, Any]:
@@ -90,6 +91,23 @@ def load_tasks(options: GenerateOptions) -> Iterator[TaskRequest]:
     for task in itertools.islice(tasks, options.limit):
         data = set_dotted(task.model_dump(mode="json"), options.overrides(), source="polar generate")
         yield validate_model(TaskRequest, data, source=f"task {task.task_id}")
+
+
+def check_tasks(ledger: Ledger, tasks: list[TaskRequest]) -> None:
+    """ConfigError when a task the folder already recorded comes back other than it was first run (its samples may
+    grow), naming the task and the fields that differ: its rows would not match the new ones."""
+    for task in tasks:
+        stored = ledger.stored_task(task.task_id)
+        if stored is None:
+            continue
+        before, now = stored.model_dump(mode="json"), task.model_dump(mode="json")
+        changed = sorted(k for k in before.keys() | now.keys() if k != "num_samples" and before.get(k) != now.get(k))
+        if changed:
+            raise ConfigError(
+                f"{ledger.path.parent}: task {task.task_id} is not the one this folder first ran ({', '.join(changed)} "
+                "differ), so its rows would not match: re-run with the dataset options it was generated with, or use "
+                "another --out"
+            )
 
 
 def embedded_serve_config(out: Path, proxy: ProxyConfig, pipeline: PipelineConfig | None = None) -> ServeConfig:
@@ -211,34 +229,43 @@ async def generate(
         for task in tasks:
             server.gateway.proxy.check_scripted(task.task_id, task.metadata, "the task a metadata.script (as the "
                                                 "demo dataset's tasks have)")  # fmt: skip
-    with Ledger(out) as ledger:
+    if (out / LEDGER).is_file():  # a run that does not fit the folder is refused before anything starts
+        with Ledger(out) as ledger:
+            ledger.check_recipe(options.recipe())
+            check_tasks(ledger, tasks)
+    async with contextlib.AsyncExitStack() as stack:
+        info = None
+        if isinstance(server, ServeConfig):  # it checks its backend before the ledger exists
+            info = await stack.enter_async_context(embedded_service(server))
+            url, token = info.url, info.token
+        else:
+            url = server
+        ledger = stack.enter_context(Ledger(out))
         ledger.check_recipe(options.recipe())
+        check_tasks(ledger, tasks)
         finished = ledger.finished()
         work: list[tuple[TaskRequest, int, str]] = []
         total = 0
         for position, task in enumerate(tasks):
             group = group_of(task, options.group_by)
-            task = ledger.remember_task(position, group, task)
+            stored = ledger.remember_task(position, group, task)
+            if task.num_samples > stored.num_samples:  # more samples extend the folder
+                ledger.more_samples(task.task_id, task.num_samples)
+            else:
+                task = stored
             for sample in range(task.num_samples):
                 total += 1
                 if (task.task_id, sample) not in finished:
                     work.append((task, sample, group))
-        async with contextlib.AsyncExitStack() as stack:
-            info = None
-            if isinstance(server, ServeConfig):
-                info = await stack.enter_async_context(embedded_service(server))
-                url, token = info.url, info.token
-            else:
-                url = server
-            if on_start is not None:
-                on_start(info)
-            client = await stack.enter_async_context(AsyncPolarClient(url, token))
-            run_ = _Run(options, ledger, client, on_progress)
-            done = ledger.rows()
-            run_.progress = GenerateProgress(
-                total=total, done=len(done), resumed=len(done), accepted=sum(r.accepted for r in done),
-                failed=sum(r.status != "completed" for r in done), retries=ledger.ended_attempts() - len(done),
-            )  # fmt: skip
-            run_.tick()
-            await run_.run(work)
+        if on_start is not None:
+            on_start(info)
+        client = await stack.enter_async_context(AsyncPolarClient(url, token))
+        run_ = _Run(options, ledger, client, on_progress)
+        done = ledger.rows()
+        run_.progress = GenerateProgress(
+            total=total, done=len(done), resumed=len(done), accepted=sum(r.accepted for r in done),
+            failed=sum(r.status != "completed" for r in done), retries=ledger.ended_attempts() - len(done),
+        )  # fmt: skip
+        run_.tick()
+        await run_.run(work)
         return ledger.rows()

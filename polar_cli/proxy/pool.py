@@ -314,6 +314,8 @@ class InferencePool(BackendClient):
             return self.status()
         replica = self._new_replica(key)
         self._replicas.append(replica)
+        if self.metrics is not None:
+            self.metrics.replicas_known([replica_label(key)])
         await self._check(replica)
         self._ensure_health_loop()
         return self.status()

@@ -28,6 +28,9 @@ from polar_cli.recompute.structure import StructuralReport, check_structure
 
 KL_ESTIMATOR = "k3: mean(exp(r) - 1 - r), r = recomputed - recorded logprob over the sampled tokens"
 WORST = 10
+SCRIPTED_BACKEND = "scripted"
+SCRIPTED = ("sampled by the scripted backend, whose logprobs are synthetic (a deterministic stand-in, not any "
+            "model's): they cannot be recomputed, so the trace is skipped")  # fmt: skip
 INEXACT = ("context_exact: false (built with merge: prompt_prefix: its context is not the one its tokens were "
            "sampled in)")  # fmt: skip
 
@@ -79,6 +82,7 @@ class RecomputeReport(BaseModel):
     )
     structural: StructuralReport
     skipped: list[str] = Field(default_factory=list, description="traces with nothing to compare, and why")
+    scripted: int = Field(default=0, description="traces skipped because the scripted backend sampled them")
     warnings: list[str] = Field(default_factory=list)
     models: dict[str, str] = Field(default_factory=dict, description="policy version ('*': any) -> model folder")
 
@@ -161,6 +165,14 @@ def _model_for(version: TokenVersion, models: Mapping[int | None, Path], ref: st
                       "a plain --model DIR applies to every version)")  # fmt: skip
 
 
+def scripted(loaded: LoadedTrace) -> bool:
+    """Whether the trace's session was sampled by the scripted backend: its journal says so (each completion's
+    ``backend``), or the trace's metadata does."""
+    if loaded.trace.metadata.get("backend") == SCRIPTED_BACKEND:
+        return True
+    return any(c.backend == SCRIPTED_BACKEND for c in loaded.completions or ())
+
+
 def _plan(loaded: LoadedTrace, models: Mapping[int | None, Path], skipped: list[str], warnings: list[str]) -> _Plan:
     plan = _Plan(loaded)
     trace = loaded.trace
@@ -169,6 +181,9 @@ def _plan(loaded: LoadedTrace, models: Mapping[int | None, Path], skipped: list[
         return plan
     if trace.response_logprobs is None:
         skipped.append(f"{loaded.ref}: no response_logprobs recorded")
+        return plan
+    if scripted(loaded):
+        skipped.append(f"{loaded.ref}: {SCRIPTED}")
         return plan
     versions = token_versions(trace)
     unscored = 0
@@ -304,6 +319,6 @@ def recompute(
         by_role={k: s.stats() for k, s in sorted(by_role.items())}, by_version={k: s.stats() for k, s in
         by_version.items()}, worst=[*failed, *passed][:WORST], failed=[r.ref for r in failed],
         failed_context_inexact=[r.ref for r in failed if not r.context_exact],
-        structural=structural, skipped=skipped, warnings=warnings,
+        structural=structural, skipped=skipped, warnings=warnings, scripted=sum(map(scripted, traces)),
         models={"*" if v is None else str(v): str(p) for v, p in models.items()},
     )  # fmt: skip

@@ -49,6 +49,10 @@ Source = Group | SessionResult | Sequence[SessionResult]
 """What the session-level adapters take: a usable Group (its ``results``, already judged: dropped sessions stay out),
 one SessionResult, or the SessionResults of a task (``TaskStatus.results``; every status is mapped)."""
 
+Groups = Sequence[Source] | Source
+"""What the adapters of several groups take (``slime_groups``, ``verl_outputs``, ``trl_rollout``): a list of groups,
+each a :data:`Source`; or one group on its own (a Group, or one task's SessionResults)."""
+
 
 @dataclass(frozen=True)
 class TraceSample:
@@ -203,6 +207,29 @@ def session_samples(result: SessionResult, rule: TraceRule = "each") -> list[Tra
         )
         for index, trace in select_traces(result, rule)
     ]
+
+
+def as_groups(groups: Groups, *, adapter: str) -> list[Source]:
+    """``groups`` as a list of groups: a Group, a SessionResult or a list of SessionResults alone is one group (a
+    task's sessions); any other list is a list of groups. Anything else is an AdapterError naming ``adapter``."""
+    if isinstance(groups, Group | SessionResult):
+        return [groups]
+    if isinstance(groups, str | bytes) or not isinstance(groups, Sequence):
+        raise AdapterError(f"{adapter} takes a list of groups (or one group), not {type(groups).__name__}")
+    items = list(groups)
+    if items and all(isinstance(item, SessionResult) for item in items):
+        return [items]  # type: ignore[list-item]
+    for position, item in enumerate(items):
+        if isinstance(item, Group | SessionResult):
+            continue
+        listed = isinstance(item, Sequence) and not isinstance(item, str | bytes)
+        if listed and all(isinstance(r, SessionResult) for r in item):
+            continue
+        raise AdapterError(
+            f"{adapter}: group {position} is a {type(item).__name__}; each group is a Group, a SessionResult or a list "
+            "of SessionResults"
+        )
+    return items
 
 
 def session_results(source: Source) -> list[SessionResult]:

@@ -7,17 +7,18 @@ is not on PyPI (the PyPI ``slime`` is another project): the field names follow `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from polar_cli.extras import require
 from polar_cli.models import Trace, TrajectoryStatus
 from polar_cli.trainers.rules import (
+    Groups,
     SampleStatus,
     Source,
     TraceRule,
     TraceSample,
+    as_groups,
     message_text,
     samples,
     trace_sample,
@@ -99,12 +100,13 @@ def slime_samples(
     return out
 
 
-def slime_groups(groups: Sequence[Source], *, traces: TraceRule = "each") -> list[list[SlimeSample]]:
+def slime_groups(groups: Groups, *, traces: TraceRule = "each") -> list[list[SlimeSample]]:
     """Several groups (e.g. one rollout step), as Slime's rollout returns them: one list of samples per group,
-    ``group_index`` the group's position and ``index`` counting across all of them."""
+    ``group_index`` the group's position and ``index`` counting across all of them. One group alone (a Group, or a
+    task's SessionResults) is a list of one."""
     out: list[list[SlimeSample]] = []
     count = 0
-    for group_index, source in enumerate(groups):
+    for group_index, source in enumerate(as_groups(groups, adapter="slime_groups")):
         out.append(slime_samples(source, group_index=group_index, start_index=count, traces=traces))
         count += len(out[-1])
     return out

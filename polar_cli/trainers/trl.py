@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from polar_cli.errors import AdapterError
-from polar_cli.trainers.rules import SampleStatus, Source, TraceRule, samples
+from polar_cli.trainers.rules import Groups, SampleStatus, TraceRule, as_groups, samples
 
 
 @dataclass
@@ -44,12 +44,12 @@ class TrlRolloutOutput:
         return len(self.completion_ids)
 
 
-def trl_rollout(groups: Sequence[Source], *, num_generations: int, traces: TraceRule = "main") -> TrlRolloutOutput:
+def trl_rollout(groups: Groups, *, num_generations: int, traces: TraceRule = "main") -> TrlRolloutOutput:
     """The rollout of several groups, one per distinct prompt in TRL's order: each must give exactly
     ``num_generations`` samples (one per session under ``main`` / ``last_main``; ``each`` only fits when the counts
     still match). A group that gives another count, or a sample without response tokens, is an AdapterError."""
     out = TrlRolloutOutput()
-    for position, source in enumerate(groups):
+    for position, source in enumerate(as_groups(groups, adapter="trl_rollout")):
         picked = samples(source, traces)
         if len(picked) != num_generations:
             name = getattr(source, "task_id", None) or f"at position {position}"

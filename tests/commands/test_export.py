@@ -117,3 +117,32 @@ def test_configs_and_splits_without_rows_stay_out_of_the_card_so_every_listed_on
     assert json.loads(loaded.stdout) == {"traces": {"train": 3}, "messages": {"train": 3}}
     card = (tmp_path / "ds" / "README.md").read_text()
     assert "`preferences` has no rows here" in card and 'load_dataset("THIS_DATASET", "preferences")' not in card
+
+
+def test_a_stratify_field_no_task_has_is_refused_with_a_close_spelling(tmp_path: Path) -> None:
+    from polar_cli.errors import ConfigError
+    from polar_cli.export import ExportOptions, export
+
+    folder = generated_folder(tmp_path / "rollouts")
+    with pytest.raises(ConfigError) as refused:
+        export(folder, tmp_path / "ds", ExportOptions(test_size=0.3, stratify_by="repoo"))
+    assert str(refused.value) == ("--stratify-by 'repoo': no task has that metadata field (did you mean 'repo'?); "
+                                  "their metadata fields: repo, or task_id")  # fmt: skip
+    assert not (tmp_path / "ds").exists()
+    assert export(folder, tmp_path / "by-task", ExportOptions(stratify_by="task_id")).rows["traces"] == {"train": 3}
+    card = (tmp_path / "by-task" / "README.md").read_text()
+    assert "task_id" in card
+
+
+def test_the_default_stratum_falls_back_for_tasks_without_a_repo(tmp_path: Path) -> None:
+    """No ``--stratify-by``: ``repo``, and tasks without one export in group ``-`` (nothing is refused)."""
+    from polar_cli.export import ExportOptions, export
+
+    with Ledger(tmp_path / "gen") as ledger:
+        task = TaskRequest(task_id="t0", instruction="x", agent={"harness": "pi"})
+        ledger.remember_task(0, "-", task)
+        trajectory = Trajectory(status="completed", traces=[Trace(prompt_ids=[1], response_ids=[2], loss_mask=[1],
+                                response_logprobs=[{"token_id": 2, "logprob": -0.5}])])  # fmt: skip
+        result = SessionResult(session_id="s0", task_id="t0", status="completed", reward=1.0, trajectory=trajectory)
+        assert ledger.finish(ResultRow("t0", 0, "s0", "-", 1, "completed", 1.0, True, 1, 2, 1, 1), result)
+    assert export(tmp_path / "gen", tmp_path / "ds", ExportOptions()).rows["traces"] == {"train": 1}

@@ -254,3 +254,19 @@ def test_generate_tables_json_and_the_card_show_reward_statistics(tmp_path: Path
     assert "| harness | tasks | sessions | rewarded |" in by_harness_card
     assert "| pi | 2 | 4 | 4 | 0.750 | 0.433 | 1/2 (50%) | 0.750 | 1.000 |" in by_harness_card
     assert "| shell | 1 | 2 | 2 | 0.000 | 0.000 | 1/1 (100%) | 0.000 | 0.000 |" in by_harness_card
+
+
+def test_the_recipe_pins_a_folder_only_once_an_attempt_ran(tmp_path: Path) -> None:
+    task = TaskRequest(task_id="t0", instruction="x", agent={"harness": "pi"})
+    with Ledger(tmp_path / "gen") as ledger:
+        ledger.check_recipe({"dataset": "demo", "builder": "per_request"})
+        ledger.remember_task(0, "r", task)
+        ledger.check_recipe({"dataset": "demo", "builder": None})  # no attempt yet: replaced, its tasks forgotten
+        assert ledger.stored_task("t0") is None
+        ledger.remember_task(0, "r", task)
+        ledger.start_attempt("t0", 0, 1, "t0.s0.a1")
+        ledger.check_recipe({"dataset": "demo", "builder": None})
+        with pytest.raises(ConfigError, match=r"generated with builder=None, not 'prefix_merging'"):
+            ledger.check_recipe({"dataset": "demo", "builder": "prefix_merging"})
+        ledger.more_samples("t0", 3)
+        assert ledger.task("t0").num_samples == 3 and ledger.task("t0").instruction == "x"

@@ -257,3 +257,31 @@ def test_without_torch_the_error_names_the_extra(models: dict[str, Path], tmp_pa
     done = polar("verify", str(path), "--recompute", "--model", str(models["a"]),
                  env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})  # fmt: skip
     assert done.returncode == 2 and "needs torch: pip install 'polar-rl[train]'" in done.stderr, done.stderr
+
+
+def test_scripted_backend_traces_are_skipped_as_synthetic(models: dict[str, Path], tmp_path: Path) -> None:
+    """A real ``polar run`` (the shell harness's agent, the scripted backend): its journal says the scripted backend
+    sampled the session, whose logprobs are synthetic; --recompute skips its trace saying so, instead of failing it
+    on a Δ no model could explain."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "polar_cli", "run", str(ROOT / "examples" / "shell-agent.yaml"),
+                          "--script", str(ROOT / "examples" / "scripts" / "two-turns.yaml"), "--out", "results.jsonl"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = tmp_path / "results.jsonl"
+    [loaded] = load_traces(results)
+    assert loaded.completions and {c.backend for c in loaded.completions} == {"scripted"}
+    done = polar("verify", str(results), "--recompute", "--model", str(models["a"]), "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["ok"] and report["scripted"] == 1 and report["traces"] == 0 and report["failed"] == []
+    assert report["skipped"] == [f"{loaded.ref}: sampled by the scripted backend, whose logprobs are synthetic (a "
+                                 "deterministic stand-in, not any model's): they cannot be recomputed, so the trace is "
+                                 "skipped"]  # fmt: skip
+    assert report["structural"]["checked"] == 1 and report["structural"]["ok"]
+    text = polar("verify", str(results), "--recompute", "--model", str(models["a"]))
+    assert text.returncode == 0
+    assert "note: " + report["skipped"][0] in " ".join(text.stderr.split())
+    assert text.stdout.strip().endswith(
+        "ok (1 trace(s) sampled by the scripted backend not recomputed: its logprobs are synthetic, no model's)"
+    )

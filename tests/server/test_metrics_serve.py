@@ -97,6 +97,27 @@ def test_both_metrics_endpoints_move_as_sessions_pass_the_stages(tmp_path: Path)
     assert not [v for v in every_label if "metrics-task" in v]
 
 
+def test_labelled_counters_are_there_at_zero_on_a_fresh_server(tmp_path: Path) -> None:
+    """Before any callback or retry, the counters a README panel plots are exported at 0 for their known label
+    values (absent, the panel says "No data")."""
+    serve = Serve(tmp_path / "polar-data", "--port", "0", "--config", str(serve_config(tmp_path, "serve")))
+
+    async def scrapes() -> tuple[list[Sample], list[Sample]]:
+        info = await serve.ready()
+        return (await scrape(f"{info['url']}/metrics", info["token"]),
+                await scrape(f"{info['gateway_url']}/metrics", info["node_token"]))  # fmt: skip
+
+    try:
+        server, gateway = asyncio.run(scrapes())
+    finally:
+        serve.stop()
+    callbacks = {(s.labels["kind"], s.labels["result"]): s.value for s in server
+                 if s.name == "polar_server_callbacks_total"}  # fmt: skip
+    assert callbacks == {(k, r): 0.0 for k in ("session_result", "task_status") for r in ("delivered", "failed")}
+    retries = {s.labels["replica"]: s.value for s in gateway if s.name == "polar_inference_retries_total"}
+    assert retries == {"in-process": 0.0}  # the scripted backend: one replica without a URL
+
+
 def check_server(before: list[Sample], during: list[Sample], after: list[Sample]) -> None:
     assert value(before, "polar_server_tasks_submitted_total") == 0
     assert value(after, "polar_server_tasks_submitted_total") == 1

@@ -4,6 +4,7 @@ here: the fields are checked against ``Sample`` as read in THUDM/slime ``slime/u
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -107,3 +108,22 @@ def test_context_exact_goes_with_the_sample() -> None:
     assert sample.metadata["polar"]["context_exact"] is False
     assert sample.metadata["context_exact"] == [True, True, False, False]  # the trace's own, per completion
     assert slime_sample(make_trace([1])).metadata["polar"]["context_exact"] is True
+
+
+def test_to_native_without_slime_is_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slime is simulated absent (``sys.modules["slime"] = None`` makes its import fail as when it is not installed),
+    so the check holds even on a machine that has it."""
+    from polar_cli.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "slime", None)
+    with pytest.raises(MissingDependencyError) as caught:
+        slime_sample(make_trace([1])).to_native()
+    assert str(caught.value) == (
+        "SlimeSample.to_native needs slime: pip install slime (Slime is not on PyPI: install it from "
+        "github.com/THUDM/slime)"
+    )
+
+
+def test_one_group_alone_is_a_list_of_one() -> None:
+    a = [make_result([make_trace([1])], session_id=f"a{i}", sample_index=i) for i in range(2)]
+    assert [[s.session_id for s in group] for group in slime_groups(a)] == [["a0", "a1"]]

@@ -6,6 +6,7 @@ unknown keys, so a misspelled one would vanish silently there)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -123,3 +124,31 @@ def test_context_exact_goes_with_the_sample() -> None:
     assert not inexact.context_exact
     outputs = [verl_trace_output(t) for t in (inexact, make_trace([1, 1]))]
     assert [check(o.to_kwargs()).extra_fields["polar"]["context_exact"] for o in outputs] == [False, True]
+
+
+def test_to_native_without_verl_is_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """veRL is simulated absent (``sys.modules["verl"] = None`` makes its import fail as when it is not installed)."""
+    from polar_cli.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "verl", None)
+    with pytest.raises(MissingDependencyError, match=r"^VerlAgentLoopOutput.to_native needs verl: pip install verl$"):
+        verl_trace_output(make_trace([1])).to_native()
+
+
+def test_outputs_of_several_groups_as_slime_groups_takes_them() -> None:
+    """``verl_outputs([g1, g2])`` (a step's groups, as ``slime_groups`` and ``trl_rollout`` take them) is one flat
+    batch, each row with its own group's uid; one group alone still works; a list of something else names it."""
+    def group(name: str) -> Group:
+        trace = make_trace([1], metadata={"group_id": f"g-{name}", "task_id": f"task-{name}"})
+        results = [make_result([trace], session_id=f"{name}-{i}", sample_index=i, task_id=f"task-{name}")
+                   for i in range(2)]  # fmt: skip
+        return Group(task_id=f"task-{name}", group_id=f"g-{name}", num_samples=2, results=results, rewards=[1.0, 1.0])
+
+    g1, g2 = group("a"), group("b")
+    batch = [check(o.to_kwargs()) for o in verl_outputs([g1, g2])]
+    assert [(o.extra_fields["uid"], o.extra_fields["polar"]["session_id"]) for o in batch] == [
+        ("g-a", "a-0"), ("g-a", "a-1"), ("g-b", "b-0"), ("g-b", "b-1")]  # fmt: skip
+    assert len(verl_outputs(g1)) == 2 and len(verl_outputs([g1.results, g2.results])) == 4
+    assert len(verl_outputs(list(g1.results))) == 2  # one task's sessions: one group, as before
+    with pytest.raises(AdapterError, match=r"verl_outputs: group 1 is a str"):
+        verl_outputs([g1, "g2"])  # type: ignore[list-item]

@@ -7,6 +7,8 @@ import html
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -126,3 +128,40 @@ def test_polar_view_writes_name_dot_html_here_by_default(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, "-m", "polar_cli", "view", "missing.jsonl"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode != 0 and done.stderr.strip() == "Error: missing.jsonl: no such file or folder"
+
+
+def test_the_page_the_readme_writes_is_ignored_by_git() -> None:
+    """The README's ``polar view results.jsonl`` writes ``results.html`` in the checkout: git must not offer it."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in ("results.html", "results.jsonl"):
+        done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", name], timeout=60)
+        assert done.returncode == 0, f"{name} is not in .gitignore"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_on_sigterm_or_ctrl_c_and_says_so(tmp_path: Path, signum: int) -> None:
+    """A real ``polar view --serve`` process: the signal ends it (no second signal, no kill needed), with one line
+    saying it stopped and the shell's exit code for the signal; the port is closed afterwards."""
+    results_file(tmp_path / "results.jsonl", [session("a")])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "polar_cli", "view", "results.jsonl", "--serve"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with subprocess.Popen(argv, cwd=tmp_path, env=env, text=True, **pipes) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            url = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
+            assert url is not None, line
+            with urllib.request.urlopen(url.group(1), timeout=30) as answer:
+                assert answer.status == 200
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum
+    assert err.strip() == f"stopped ({name}); no longer serving {url.group(1)}"
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url.group(1), timeout=10)
