@@ -67,7 +67,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_a_dead_backend_is_refused_before_the_ledger_exists(runs: dict[str, Any]) -> None:
     dead = runs["dead"]
-    assert dead.returncode == 1, dead.stdout + dead.stderr
+    assert dead.returncode == 3, dead.stdout + dead.stderr  # unreachable (docs/cli.md)
     assert "does not answer" in dead.stderr and not runs["ledger_after_dead"]
 
 
