@@ -109,6 +109,7 @@ def serve_command(
     script: backend_options.Script = None,
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
+    backend_check_timeout: backend_options.BackendCheckTimeout = None,
     stream_mode: backend_options.StreamMode = None,
     token_mode: backend_options.TokenModeOption = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Harnesses running at once on the gateway."),
@@ -137,7 +138,7 @@ def serve_command(
     proxy_overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
-        token_mode=token_mode,
+        token_mode=token_mode, backend_check_timeout=backend_check_timeout,
     )  # fmt: skip
     flags = {
         "host": host,
