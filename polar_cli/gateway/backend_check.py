@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 
 
 async def check_backend(
-    backend: BackendClient, *, wait_s: float, token_in: bool = False, retry: Backoff = RETRY, where: str = ""
+    backend: BackendClient, *, wait_s: float, token_in: bool = False, retry: Backoff = RETRY
 ) -> None:
     """Return once ``backend`` answers (and has its token-in routes when ``token_in``); BackendError when it
-    cannot be reached or refuses, or when it is still busy after ``wait_s`` seconds. ``where`` names the backend in
-    the note that it is waiting (default: the error's own words)."""
+    cannot be reached or refuses, or when it is still busy after ``wait_s`` seconds. The note that it waits quotes
+    the first busy answer, which names the backend's URL."""
     started = time.monotonic()
     failures = 0
     while True:
@@ -43,6 +43,5 @@ async def check_backend(
             if left <= 0:
                 raise BackendError(f"{exc} (still busy after {wait_s:g} s, --backend-check-timeout)") from exc
             if failures == 1:
-                log.warning("waiting up to %g s for a busy backend%s: %s", wait_s, f" at {where}" if where else "",
-                            exc)  # fmt: skip
+                log.warning("waiting up to %g s for a busy backend: %s", wait_s, exc)
             await asyncio.sleep(min(retry.delay(failures), left))

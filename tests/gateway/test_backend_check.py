@@ -56,7 +56,7 @@ async def backend(answer: Answer, *, ready_after_s: float = 0.0) -> AsyncIterato
 async def check(url: str, wait_s: float) -> None:
     client = VllmClient(HttpBackendConfig(url=url))
     try:
-        await check_backend(client, wait_s=wait_s, retry=FAST, where=url)
+        await check_backend(client, wait_s=wait_s, retry=FAST)
     finally:
         await client.close()
 
@@ -76,7 +76,8 @@ def test_a_slow_backend_is_waited_for_and_the_wait_is_said(caplog: pytest.LogCap
     assert len(probes) >= 2  # the first probes timed out after connecting; a later one got the answer
     notes = [r.getMessage() for r in caplog.records if r.name == "polar_cli.gateway.backend_check"]
     assert len(notes) == 1
-    assert "waiting up to 30 s for a busy backend at http://127.0.0.1:" in notes[0]
+    assert notes[0].startswith("waiting up to 30 s for a busy backend: the vllm backend at http://127.0.0.1:")
+    assert "does not answer: SocketTimeoutError" in notes[0]  # it took the connection, then was slow
 
 
 def test_a_loading_backend_answering_503_is_waited_for() -> None:
