@@ -229,7 +229,9 @@ class HttpChatClient(BackendClient):
 
         BackendBusy when the server took the connection but gave no answer within ``timeout_s``, or answered 503
         (busy or loading); BackendError for anything else (refused, DNS, unreachable, another HTTP error)."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=timeout_s)
+        # the connect phase has its own bound, so a timeout after it means the server took the connection: busy
+        connect_s = self.config.connect_timeout_s
+        timeout = aiohttp.ClientTimeout(total=connect_s + timeout_s, sock_connect=connect_s, sock_read=timeout_s)
         try:
             data = await self._once("GET", "/v1/models", None, timeout=timeout)
         except BackendError as exc:
