@@ -10,6 +10,7 @@
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
     │   │   └── BodyTooLargeError    a request body over the proxy's limit (413)
     │   └── BackendError             the inference backend failed (after retries)
+    │       └── BackendBusy          it accepted the connection but answered too slowly, or 503 (busy or loading)
     ├── RuntimeFailure               a runtime could not start, exec, copy or stop
     ├── HarnessError                 a harness could not be installed, configured or run
     ├── BuildError                   a trajectory could not be built from recorded completions
@@ -107,6 +108,14 @@ class BackendError(ProxyError):
         self.status = status
         self.http_status = status
         self.retryable = retryable
+
+
+class BackendBusy(BackendError):
+    """The backend accepted the connection but did not answer in time, or answered 503: alive, busy or loading.
+    The start-up check waits for it (``polar_cli.gateway.backend_check``); one that refuses fails at once."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503, retryable=True)
 
 
 class RuntimeFailure(PolarError):

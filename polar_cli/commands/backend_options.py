@@ -33,6 +33,15 @@ BackendTimeout = Annotated[
     float | None,
     typer.Option("--backend-timeout", help="Seconds one backend attempt may take (default 600).", show_default=False),
 ]
+BackendCheckTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--backend-check-timeout",
+        help="Seconds the start-up check waits for a backend that took the connection but is busy (slow, or 503) "
+        "(default 120); one that refuses or answers another error fails at once.",
+        show_default=False,
+    ),
+]
 BackendRetries = Annotated[
     int | None,
     typer.Option(
@@ -69,6 +78,7 @@ def proxy_overrides(
     script: str | None = None,
     backend_timeout: float | None = None,
     backend_retries: int | None = None,
+    backend_check_timeout: float | None = None,
     stream_mode: str | None = None,
     token_mode: str | None = None,
 ) -> dict[str, Any]:
@@ -80,6 +90,7 @@ def proxy_overrides(
         "tokenizer": tokenizer,
         "script": script,
         "backend_timeout_s": backend_timeout,
+        "backend_check_timeout_s": backend_check_timeout,
         "retry.attempts": None if backend_retries is None else backend_retries + 1,
         "stream_mode": stream_mode,
         "token_mode": token_mode,

@@ -20,6 +20,7 @@ from polar_cli.commands.reward_tables import reward_table
 from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
+from polar_cli.gateway import backend_check
 from polar_cli.gateway.config import PipelineConfig
 from polar_cli.generate import (
     GenerateOptions,
@@ -114,6 +115,7 @@ def generate_command(
     tokenizer: backend_options.Tokenizer = None,
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
+    backend_check_timeout: backend_options.BackendCheckTimeout = None,
     stream_mode: backend_options.StreamMode = "passthrough",
     token_mode: backend_options.TokenModeOption = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
@@ -125,6 +127,7 @@ def generate_command(
 
     Exits 1 when no session completed, 130/143 when stopped by Ctrl-C/SIGTERM (the next run resumes), else 0."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
+    logging.getLogger(backend_check.__name__).setLevel(logging.WARNING)  # a wait for a busy backend is always said
     console = stderr_console()
     if out is None:
         out = default_out(dataset, harness)
@@ -140,7 +143,7 @@ def generate_command(
         overrides = backend_options.proxy_overrides(
             backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer,
             backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
-            token_mode=token_mode,
+            token_mode=token_mode, backend_check_timeout=backend_check_timeout,
         )  # fmt: skip
         proxy = backend_options.proxy_config(overrides, source="polar generate")
         proxy.backend_config()

@@ -26,6 +26,7 @@ from polar_cli.commands.output import (
 )
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from polar_cli.gateway import backend_check
 from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.gateway.embedded import run_embedded
 from polar_cli.gateway.node import GatewayNode
@@ -129,6 +130,7 @@ def run(
     script: backend_options.Script = None,
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
+    backend_check_timeout: backend_options.BackendCheckTimeout = None,
     stream_mode: backend_options.StreamMode = "passthrough",
     token_mode: backend_options.TokenModeOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write one SessionResult per line (JSONL) here.")] = None,
@@ -152,6 +154,7 @@ def run(
     else 0 (docs/cli.md). --out is never replaced without --overwrite. With --json, stdout is one JSON list of the
     SessionResults."""
     logging.basicConfig(level=logging.WARNING if verbose else logging.CRITICAL, format="%(levelname)s %(message)s")
+    logging.getLogger(backend_check.__name__).setLevel(logging.WARNING)  # a wait for a busy backend is always said
     if task_file is None and (harness is None or instruction is None):
         raise ConfigError("polar run: give a task file, or at least --harness and --instruction")
     overrides = {
@@ -165,7 +168,7 @@ def run(
     overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
-        token_mode=token_mode,
+        token_mode=token_mode, backend_check_timeout=backend_check_timeout,
     )  # fmt: skip
     proxy = backend_options.proxy_config(overrides, source="polar run")
     if task.agent.token_mode is not None:  # the backend check then covers the task's mode

@@ -16,6 +16,7 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
+from polar_cli.gateway import backend_check
 from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
 
@@ -109,6 +110,7 @@ def serve_command(
     script: backend_options.Script = None,
     backend_timeout: backend_options.BackendTimeout = None,
     backend_retries: backend_options.BackendRetries = None,
+    backend_check_timeout: backend_options.BackendCheckTimeout = None,
     stream_mode: backend_options.StreamMode = None,
     token_mode: backend_options.TokenModeOption = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Harnesses running at once on the gateway."),
@@ -134,10 +136,11 @@ def serve_command(
     logging.basicConfig(
         level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger(backend_check.__name__).setLevel(logging.WARNING)  # a wait for a busy backend is always said
     proxy_overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
-        token_mode=token_mode,
+        token_mode=token_mode, backend_check_timeout=backend_check_timeout,
     )  # fmt: skip
     flags = {
         "host": host,

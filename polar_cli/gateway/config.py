@@ -66,7 +66,8 @@ class GatewayConfig(StrictModel):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
     backend_check: Literal["fail", "warn", "off"] = Field(
         default="warn",
-        description="at start-up, ask the backend once (GET /v1/models, BACKEND_CHECK_S seconds, no retries): fail "
+        description="at start-up, ask the backend (GET /v1/models; a busy one for up to proxy.backend_check_timeout_s,"
+        " polar_cli.gateway.backend_check): fail "
         "(polar run, polar generate: an unreachable backend stops before any session), warn (log it and serve: "
         "the inference server may still be loading), off",
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 from polar_cli.errors import BackendError, ConfigError, SessionError
 from polar_cli.gateway import staleness
 from polar_cli.gateway.app import PROXY_PREFIX, create_app
+from polar_cli.gateway.backend_check import check_backend
 from polar_cli.gateway.config import GatewayConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob, Stage
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
@@ -35,9 +36,6 @@ from polar_cli.proxy import ProxyState, session_options
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
 from polar_cli.web.listen import Listener, listen
-
-BACKEND_CHECK_S = 5.0
-"""How long the start-up check of the backend waits for its answer."""
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +75,8 @@ class GatewayNode:
     async def start(self) -> None:
         if self.config.backend_check != "off":
             try:
-                await self.proxy.backend.preflight(BACKEND_CHECK_S)
-                if self.proxy.config.token_mode == "tokens":
-                    await self.proxy.backend.check_token_in(BACKEND_CHECK_S)
+                await check_backend(self.proxy.backend, wait_s=self.proxy.config.backend_check_timeout_s,
+                                    token_in=self.proxy.config.token_mode == "tokens")  # fmt: skip
             except BackendError as exc:
                 if self.config.backend_check == "fail":
                     raise

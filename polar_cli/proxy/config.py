@@ -41,6 +41,12 @@ class ProxyConfig(StrictModel):
     )
     retry: RetryConfig = Field(default_factory=RetryConfig)
     backend_timeout_s: float | None = Field(default=None, gt=0)
+    backend_check_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="how long the start-up check waits for a backend that took the connection but is busy (slow, or "
+        "503) before it gives up; one that refuses or answers another error fails at once",
+    )
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
     token_mode: TokenMode = Field(

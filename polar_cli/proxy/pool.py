@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from polar_cli.errors import BackendError, ConfigError, PauseTimeout
+from polar_cli.errors import BackendBusy, BackendError, ConfigError, PauseTimeout
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import ProxyMetrics, replica_label
 from polar_cli.models import StrictModel
@@ -429,7 +429,10 @@ class InferencePool(BackendClient):
         results = await asyncio.gather(*(self._probe(r, timeout_s) for r in self._replicas))
         self._ensure_health_loop()
         if all(err is not None for err in results):
-            raise BackendError("; ".join(str(err) for err in results if err is not None))
+            message = "; ".join(str(err) for err in results if err is not None)
+            if any(isinstance(err, BackendBusy) for err in results):
+                raise BackendBusy(message)  # one that is busy may yet answer: the start-up check waits for it
+            raise BackendError(message)
         for err in results:
             if err is not None:
                 log.warning("replica out of rotation until it answers: %s", err)

@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 from pydantic import Field
 
-from polar_cli.errors import BackendError
+from polar_cli.errors import BackendBusy, BackendError
 from polar_cli.interfaces.backend import BackendClient, no_token_in
 from polar_cli.models import StrictModel
 from polar_cli.models.chat import ChatRequest, Generation
@@ -132,10 +132,11 @@ class HttpChatClient(BackendClient):
         body: dict[str, Any] | None,
         load: Callable[[bytes], Any] = orjson.loads,
         budget_s: float | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> Any:
-        """One upstream try within ``budget_s`` seconds (default: the per-attempt timeout)."""
+        """One upstream try within ``budget_s`` seconds (default: the per-attempt timeout), or ``timeout``."""
         url = self.base + path
-        timeout = aiohttp.ClientTimeout(
+        timeout = timeout or aiohttp.ClientTimeout(
             total=budget_s or self.config.timeout_s, sock_connect=self.config.connect_timeout_s
         )
         try:
@@ -224,13 +225,23 @@ class HttpChatClient(BackendClient):
         return [str(m.get("id")) for m in (data.get("data") or []) if isinstance(m, dict)]
 
     async def preflight(self, timeout_s: float) -> None:
-        """One ``GET /v1/models`` (no retries): the server is up, answers, and serves the configured model."""
+        """One ``GET /v1/models`` (no retries): the server is up, answers, and serves the configured model.
+
+        BackendBusy when the server took the connection but gave no answer within ``timeout_s``, or answered 503
+        (busy or loading); BackendError for anything else (refused, DNS, unreachable, another HTTP error)."""
+        # the connect phase has its own bound, so a timeout after it means the server took the connection: busy
+        connect_s = self.config.connect_timeout_s
+        timeout = aiohttp.ClientTimeout(total=connect_s + timeout_s, sock_connect=connect_s, sock_read=timeout_s)
         try:
-            data = await self._once("GET", "/v1/models", None, budget_s=timeout_s)
+            data = await self._once("GET", "/v1/models", None, timeout=timeout)
         except BackendError as exc:
             root = exc.__cause__
             cause = f"{type(root).__name__}: {root}" if root is not None and str(root) else str(exc)
-            raise BackendError(f"the {self.name} backend at {self.config.url} does not answer: {cause}") from exc
+            message = f"the {self.name} backend at {self.config.url} does not answer: {cause}"
+            connected = not isinstance(root, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+            if exc.status == 503 or (connected and isinstance(root, TimeoutError)):
+                raise BackendBusy(message) from exc
+            raise BackendError(message) from exc
         names = [str(m.get("id")) for m in (data.get("data") or []) if isinstance(m, dict)] if isinstance(
             data, dict) else []  # fmt: skip
         if self._model is not None and names and self._model not in names:
