@@ -9,7 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from polar_cli.gateway.config import GatewayConfig
 from polar_cli.models.limits import MAX_NUM_SAMPLES, MAX_TOKEN_LENGTH, MAX_URL_LENGTH
 from polar_cli.node_protocol import GatewayClient
 from polar_cli.server.store import NodeRow
@@ -140,3 +142,10 @@ def test_the_node_client_answers_any_node_error_as_that_nodes_reply(url: str, to
         assert reply.status is None and reply.answer is None and reply.error, reply
 
     asyncio.run(ask())
+
+
+@pytest.mark.parametrize("token", ["tökén", "a b", "t" * (MAX_TOKEN_LENGTH + 1)])
+def test_a_gateway_refuses_at_start_a_token_the_server_would_refuse(token: str) -> None:
+    """Not a registration retried forever: the gateway's own config names the field."""
+    with pytest.raises(ValidationError, match="control_token"):
+        GatewayConfig(control_token=token)
