@@ -11,6 +11,7 @@ from pydantic import Field, PositiveInt, field_validator
 from polar_cli.backoff import Backoff
 from polar_cli.ids import SessionId
 from polar_cli.models import StrictModel
+from polar_cli.models.limits import MAX_RUN_SLOTS, NodeToken
 from polar_cli.proxy import ProxyConfig
 from polar_cli.web.auth import new_token
 
@@ -24,10 +25,14 @@ class PipelineConfig(StrictModel):
     bounded only by how many sessions were submitted).
     """
 
-    init_workers: PositiveInt = Field(default=8, description="sessions starting a runtime / running prepare at once")
+    init_workers: PositiveInt = Field(
+        default=8, le=MAX_RUN_SLOTS, description="sessions starting a runtime / running prepare at once"
+    )
     ready_capacity: PositiveInt = Field(default=8, description="initialized runtimes buffered for a run slot")
-    run_slots: PositiveInt = Field(default=8, description="harnesses running at once")
-    postrun_workers: PositiveInt = Field(default=8, description="sessions building / evaluating / tearing down at once")
+    run_slots: PositiveInt = Field(default=8, le=MAX_RUN_SLOTS, description="harnesses running at once")
+    postrun_workers: PositiveInt = Field(
+        default=8, le=MAX_RUN_SLOTS, description="sessions building / evaluating / tearing down at once"
+    )
     postrun_capacity: PositiveInt | None = Field(
         default=None, description="sessions waiting for a POSTRUN worker; unset: unbounded (run slots never wait)"
     )
@@ -59,7 +64,7 @@ class GatewayConfig(StrictModel):
     public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
     data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
     scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
-    control_token: str = Field(
+    control_token: NodeToken = Field(
         default_factory=new_token, description="Bearer token of every control route (the proxy's too); generated"
     )
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)

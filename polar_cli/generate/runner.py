@@ -27,6 +27,7 @@ from polar_cli.gateway.config import GatewayConfig, PipelineConfig
 from polar_cli.generate.ledger import LEDGER, Ledger, ResultRow, summarize
 from polar_cli.launch import ServeConfig, ServeInfo, serve
 from polar_cli.models import SessionResult, StrictModel, TaskRequest, Trajectory, validate_model
+from polar_cli.models.limits import MAX_NUM_SAMPLES, MAX_TIMEOUT_S
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
@@ -43,8 +44,8 @@ class GenerateOptions(StrictModel):
     dataset_options: dict[str, Any] = Field(default_factory=dict)
     harness: str | None = Field(default=None, description="overrides agent.harness")
     model: str | None = Field(default=None, description="overrides agent.model_name")
-    samples: PositiveInt | None = Field(default=None, description="overrides num_samples")
-    timeout_seconds: PositiveFloat | None = Field(default=None, description="overrides timeout_seconds")
+    samples: PositiveInt | None = Field(default=None, le=MAX_NUM_SAMPLES, description="overrides num_samples")
+    timeout_seconds: PositiveFloat | None = Field(default=None, le=MAX_TIMEOUT_S, description="overrides the timeout")
     builder: str | None = Field(default=None, description="overrides builder.strategy")
     limit: PositiveInt | None = Field(default=None, description="the first N tasks only")
     concurrency: PositiveInt = Field(default=8, description="sessions in flight at once")

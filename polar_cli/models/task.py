@@ -6,10 +6,12 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, field_validator
 
 from polar_cli.models.base import StrictModel
 from polar_cli.models.completion import TokenMode
+from polar_cli.models.inference import MAX_POLICY_VERSION
+from polar_cli.models.limits import MAX_COUNT, MAX_NUM_SAMPLES, BoundedId, HttpURL, Timeout
 from polar_cli.models.trace import RewardAssignment
 
 SCRIPT_KEY = "script"
@@ -30,7 +32,7 @@ class PrepareAction(StrictModel):
     path: str | None = None
     content: str | None = None
     source: str | None = None
-    timeout_seconds: float | None = None
+    timeout_seconds: Timeout | None = None
 
 
 class Mount(StrictModel):
@@ -61,8 +63,10 @@ class SamplingSpec(StrictModel):
 
     temperature: float | None = Field(default=None, strict=True, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, strict=True, gt=0, le=1)
-    top_k: int | None = Field(default=None, strict=True, description="-1: no top-k; else at least 1")
-    max_tokens: int | None = Field(default=None, strict=True, ge=1, description="a cap on each call's sampled tokens")
+    top_k: int | None = Field(default=None, strict=True, le=MAX_COUNT, description="-1: no top-k; else at least 1")
+    max_tokens: int | None = Field(
+        default=None, strict=True, ge=1, le=MAX_COUNT, description="a cap on each call's sampled tokens"
+    )
     seed: int | None = Field(default=None, strict=True, ge=-(2**63), lt=2**63)
 
     @field_validator("top_k")
@@ -82,18 +86,19 @@ class SessionLimits(StrictModel):
     ``limit`` and the limit named, keeping what it captured (like ``timeout``). Unset fields are no limit."""
 
     max_model_calls: int | None = Field(
-        default=None, strict=True, ge=1, description="model calls the session may make; the next one is refused"
-    )
+        default=None, strict=True, ge=1, le=MAX_COUNT,
+        description="model calls the session may make; the next one is refused",
+    )  # fmt: skip
     max_sampled_tokens: int | None = Field(
-        default=None, strict=True, ge=1,
+        default=None, strict=True, ge=1, le=MAX_COUNT,
         description="sampled tokens over the whole session; once reached, the next call is refused",
     )  # fmt: skip
     max_call_tokens: int | None = Field(
-        default=None, strict=True, ge=1,
+        default=None, strict=True, ge=1, le=MAX_COUNT,
         description="one call's sampled tokens: a cap on each request's max tokens (a harness's smaller value stays)",
     )  # fmt: skip
     repeat_limit: int | None = Field(
-        default=None, strict=True, ge=2,
+        default=None, strict=True, ge=2, le=MAX_COUNT,
         description="loop detection: this many consecutive completions with the same sampled token ids end the session",
     )  # fmt: skip
 
@@ -109,7 +114,7 @@ class AgentSpec(StrictModel):
     model_name: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    timeout_seconds: float | None = None
+    timeout_seconds: Timeout | None = None
     sampling: SamplingSpec | None = None
     limits: SessionLimits | None = None
     token_mode: TokenMode | None = Field(
@@ -137,7 +142,7 @@ class EvaluatorSpec(StrictModel):
 
     strategy: str = "session_completion"
     refresh_runtime: bool = False
-    timeout_seconds: float | None = None
+    timeout_seconds: Timeout | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     reward_to: RewardAssignment = Field(
         default="main+subagents",
@@ -155,19 +160,20 @@ class TaskRequest(StrictModel):
     """One task, expanded into ``num_samples`` sessions. Without a ``task_id`` it gets a fresh one each time it is
     validated, so the same file submitted twice is two tasks; the same ``task_id`` and body again is the same task."""
 
-    task_id: str = Field(default_factory=new_task_id, min_length=1)
+    task_id: BoundedId = Field(default_factory=new_task_id)
     instruction: str
-    num_samples: PositiveInt = 1
-    timeout_seconds: float = Field(default=1800.0, gt=0)
+    num_samples: int = Field(default=1, ge=1, le=MAX_NUM_SAMPLES)
+    timeout_seconds: Timeout = 1800.0
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     agent: AgentSpec
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
-    callback_url: str | None = None
+    callback_url: HttpURL | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     max_staleness: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_POLICY_VERSION,
         description="a session whose oldest completion's policy_version is more than this many versions behind the "
         "current one is cancelled (status stale, its traces kept); None: never",
     )

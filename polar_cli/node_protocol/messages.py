@@ -6,11 +6,25 @@ Bodies a side reads are strict (``StrictModel``: an unknown field is a 400); ans
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
+from typing import Annotated
+
+from pydantic import BaseModel, Field, PositiveInt
 
 from polar_cli.ids import SessionId
 from polar_cli.models.base import StrictModel
 from polar_cli.models.inference import MAX_CONTROL_TIMEOUT_S, MAX_POLICY_VERSION, PauseMode
+from polar_cli.models.limits import (
+    MAX_COUNT,
+    MAX_LISTED_SESSIONS,
+    MAX_PATH_LENGTH,
+    MAX_REPLICAS,
+    MAX_RUN_SLOTS,
+    MAX_URL_LENGTH,
+    BoundedId,
+    Count,
+    HttpURL,
+    NodeToken,
+)
 from polar_cli.models.session import SessionResult
 from polar_cli.models.task import TaskRequest
 
@@ -119,7 +133,7 @@ class ResumeBody(StrictModel):
 class BackendBody(StrictModel):
     """``POST /inference/backends`` (add a replica) and ``DELETE /inference/backends`` (remove: drain, then drop)."""
 
-    url: str = Field(min_length=1, max_length=2000)
+    url: str = Field(min_length=1, max_length=MAX_URL_LENGTH)
     timeout_s: float = Field(
         default=PAUSE_TIMEOUT_S,
         gt=0,
@@ -132,13 +146,15 @@ class LoadWeightsBody(StrictModel):
     """``POST /inference/load_weights``: pause (wait), every replica reloads its weights from ``path`` (a path on
     the inference servers' machines) with the server's own mechanism, the version is set, the pool resumes."""
 
-    path: str = Field(min_length=1, max_length=4096)
+    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH)
     policy_version: int | None = Field(default=None, ge=0, le=MAX_POLICY_VERSION)
     timeout_s: float = Field(
         default=PAUSE_TIMEOUT_S, gt=0, le=MAX_CONTROL_TIMEOUT_S, description="bound on the pause and on each reload"
     )
-    urls: list[str] | None = Field(
-        default=None, description="gateway only: reload just these replicas (the server has each replica reloaded once)"
+    urls: list[Annotated[str, Field(max_length=MAX_URL_LENGTH)]] | None = Field(
+        default=None,
+        max_length=MAX_REPLICAS,
+        description="gateway only: reload just these replicas (the server has each replica reloaded once)",
     )
 
 
@@ -157,19 +173,21 @@ class CancelStaleAnswer(BaseModel):
 
 
 class NodeCapacity(StrictModel):
-    run_slots: PositiveInt
-    init_workers: PositiveInt | None = None
-    postrun_workers: PositiveInt | None = None
+    run_slots: int = Field(ge=1, le=MAX_RUN_SLOTS)
+    init_workers: int | None = Field(default=None, ge=1, le=MAX_RUN_SLOTS)
+    postrun_workers: int | None = Field(default=None, ge=1, le=MAX_RUN_SLOTS)
 
 
 class RegisterBody(StrictModel):
     """``POST /nodes/register`` (server token)."""
 
-    url: str = Field(min_length=1)
-    token: str = Field(min_length=1, description="the node's own token")
+    url: HttpURL = Field(description="where the server reaches the node: http(s), a host")
+    token: NodeToken = Field(description="the node's own token")
     node_id: SessionId | None = None
     capacity: NodeCapacity
-    held_results: list[SessionId] = Field(default_factory=list, description="finished sessions not yet acknowledged")
+    held_results: list[SessionId] = Field(
+        default_factory=list, max_length=MAX_LISTED_SESSIONS, description="finished sessions not yet acknowledged"
+    )
 
 
 class RegisterAnswer(BaseModel):
@@ -183,17 +201,19 @@ class RegisterAnswer(BaseModel):
 
 
 class NodeLoadReport(StrictModel):
-    run_slots: NonNegativeInt = 0
-    running: NonNegativeInt = 0
-    queued: NonNegativeInt = 0
-    free_slots: NonNegativeInt = 0
+    run_slots: Count = 0
+    running: Count = 0
+    queued: Count = 0
+    free_slots: Count = 0
 
 
 class HeartbeatBody(StrictModel):
     """``POST /nodes/{node_id}/heartbeat`` (node token)."""
 
     load: NodeLoadReport = Field(default_factory=NodeLoadReport)
-    sessions: list[SessionId] = Field(default_factory=list, description="sessions the node holds, unfinished")
+    sessions: list[SessionId] = Field(
+        default_factory=list, max_length=MAX_LISTED_SESSIONS, description="sessions the node holds, unfinished"
+    )
     draining: bool = Field(default=False, description="the node is stopping: send it nothing new")
 
 
@@ -207,9 +227,9 @@ class HeartbeatAnswer(BaseModel):
 class SessionResultBody(StrictModel):
     """``POST /callbacks/session_result`` (node token)."""
 
-    node_id: str
+    node_id: BoundedId
     session_id: SessionId
-    attempt: PositiveInt = 1
+    attempt: int = Field(default=1, ge=1, le=MAX_COUNT)
     result: SessionResult
 
 

@@ -48,7 +48,9 @@ async def call(
             response = await client.request(method, url, content=body, headers=headers)
         else:
             response = await client.request(method, url, content=body, headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # whatever a peer's URL, token or answer makes a call raise is that peer's
+        # error, never the caller's: every httpx error class (InvalidURL and CookieConflict are not HTTPErrors), an
+        # encoding error (a non-ASCII token), an out-of-range port (an OverflowError inside an ExceptionGroup) ...
         return Reply(None, error=str(exc) or type(exc).__name__)
     if not response.is_success:
         return Reply(response.status_code, error=error_message(response))

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest, validate_model
+from polar_cli.models.limits import MAX_WAIT_S
 from polar_cli.node_protocol import (
     BackendBody,
     CancelStaleBody,
@@ -54,6 +55,8 @@ def create_app(server: RolloutServer) -> web.Application:
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
             raise ConfigError("wait must be a number of seconds") from exc
+        if not wait <= MAX_WAIT_S:  # nan fails this too
+            raise ConfigError(f"wait must be a number of seconds, at most {MAX_WAIT_S:g}")
         return _json(await server.status(request.match_info["task_id"], wait))
 
     async def task_request(request: web.Request) -> web.Response:

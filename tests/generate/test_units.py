@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError
 from polar_cli.export import ExportOptions, export, stratified_test_keys
 from polar_cli.export.exporter import task_info
 from polar_cli.export.instance import instance_fields, session_fields
 from polar_cli.generate.ledger import Ledger, ResultRow
+from polar_cli.generate.runner import GenerateOptions
 from polar_cli.models import SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.registry import get_dataset
 from tests.conftest import shared_fixture
@@ -270,3 +272,10 @@ def test_the_recipe_pins_a_folder_only_once_an_attempt_ran(tmp_path: Path) -> No
             ledger.check_recipe({"dataset": "demo", "builder": "prefix_merging"})
         ledger.more_samples("t0", 3)
         assert ledger.task("t0").num_samples == 3 and ledger.task("t0").instruction == "x"
+
+
+@pytest.mark.parametrize(("field", "value"), [("samples", 4097), ("timeout_seconds", 1e9)])
+def test_generate_options_past_the_servers_limits_are_refused(field: str, value: float) -> None:
+    """``--samples`` and ``--timeout`` are bounded as the TaskRequest fields they override (docs/service.md#limits)."""
+    with pytest.raises(ValidationError, match=field):
+        GenerateOptions.model_validate({"dataset": "demo", field: value})
