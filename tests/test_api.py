@@ -39,5 +39,6 @@ def test_the_plugin_docs_examples_run_against_the_api() -> None:
     exec(compile(options, "docs/plugins.md", "exec"), namespace)
     harness = namespace["MyTool"]()
     assert harness.build(context).argv[:2] == ["--max-turns", "20"]
-    with pytest.raises(ConfigError, match=r"harness 'mytool': unknown config max_turn \(known: max_turns, settings\)"):
+    unknown = r"harness 'mytool': unknown config max_turn \(did you mean 'max_turns'\?\) \(known: max_turns, settings\)"
+    with pytest.raises(ConfigError, match=unknown):
         harness.check_config({"max_turn": 3})

@@ -9,6 +9,7 @@ own ``summarize``. Some instances have an accepted and a rejected session, some 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -248,8 +249,9 @@ def test_the_card_has_the_papers_table_2_per_repo(generated: dict[str, Any], rel
     lines = card[card.index("## Generation statistics by repo") : card.index("## Exported sessions")].splitlines()
     header = next(line for line in lines if line.startswith("| repo |"))
     assert header.split("|")[2:7] == [" tasks ", " sessions ", " attempts ", " accepted ", " rate "]
-    table = {cells[0].strip("* "): cells[1:] for line in lines[lines.index(header) + 2:] if line.startswith("|")
-             for cells in [[c.strip() for c in line.strip("|").split("|")]]}  # fmt: skip
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[lines.index(header) + 2:]))
+    table = {cells[0].strip("* "): cells[1:] for line in rows
+             for cells in [[c.strip() for c in line.strip("|").split("|")]]}  # fmt: skip (the first table only)
     fates = generated["fates"]
     for name, group in [*((r, [k for k in fates if generated["repo"].get(k[0]) == r]) for r in REPOS),
                         ("total", list(fates))]:  # fmt: skip
