@@ -37,6 +37,26 @@ def other_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("vllm-demo-model-seed-7-partial"), seed=7)
 
 
+def start_call(base_url: str, api_key: str) -> tuple[dict[str, object], threading.Thread]:
+    """A streamed call of MAX_TOKENS by the official SDK, on a thread: its text and last finish reason, or its error
+    (the harness's view: any error fails the test)."""
+    api = closing(openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0))
+    answer: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            chunks = list(api.chat.completions.create(model="m", messages=PROMPT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                                                      temperature=0, stream=True))  # fmt: skip
+            answer["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            answer["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        except Exception as exc:
+            answer["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    return answer, caller
+
+
 def greedy(url: str, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """What the server samples now, greedily, after ``prompt``: ids and logprobs (no prefix cache involved)."""
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 0,
@@ -50,41 +70,38 @@ def test_an_abort_mode_pause_resumes_the_call_under_the_new_weights_as_one_answe
 ) -> None:
     make_idle(vllm_url)
     proxy = start_proxy(backend="vllm", backend_url=vllm_url, model=MODEL_NAME)
-    session = proxy.new_session(token_mode="tokens")
-    api = closing(openai.OpenAI(base_url=session.openai_base, api_key=session.api_key, max_retries=0))
-    answer: dict[str, object] = {}
-
-    def call() -> None:
-        try:
-            chunks = list(api.chat.completions.create(model="m", messages=PROMPT, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
-                                                      temperature=0, stream=True))  # fmt: skip
-            answer["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            answer["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
-        except Exception as exc:  # the harness's view: any error fails the test below
-            answer["error"] = exc
-
     pool = proxy.state.pool
-    sampled = metric(vllm_url, "vllm:generation_tokens_total")
-    caller = threading.Thread(target=call)
-    caller.start()
-    deadline = time.monotonic() + 120
-    # the call is on the server and has sampled a few tokens (the engine's own count: the client sees none yet)
-    while metric(vllm_url, "vllm:generation_tokens_total") < sampled + 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        paused = proxy.run(pool.pause("abort", 60))
-        assert paused.paused == "abort" and paused.in_flight == 0
-        until = time.monotonic() + 30
-        while pool.status().waiting < 1 and time.monotonic() < until:  # the stopped call comes back to the gate
-            time.sleep(0.02)
-        assert pool.status().waiting == 1
-        proxy.run(pool.load_weights(str(other_weights), policy_version=2, timeout_s=LOAD_S))
-        proxy.run(pool.resume(2))
-        caller.join(300)
-    finally:
-        if pool.paused is not None:
-            proxy.run(pool.resume(2))
-        proxy.run(pool.load_weights(str(vllm_model_dir), policy_version=3, timeout_s=LOAD_S))
+    for _ in range(3):  # the pause must land while the engine still samples the call: a race an idle engine can win
+        session = proxy.new_session(token_mode="tokens")
+        sampled = metric(vllm_url, "vllm:generation_tokens_total")
+        answer, caller = start_call(session.openai_base, session.api_key)
+        deadline = time.monotonic() + 120
+        # the call is on the server and has sampled a few tokens (the engine's own count: the client sees none yet)
+        while metric(vllm_url, "vllm:generation_tokens_total") < sampled + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stopped = False
+        try:
+            paused = proxy.run(pool.pause("abort", 60))
+            assert paused.paused == "abort" and paused.in_flight == 0
+            until = time.monotonic() + 30
+            while pool.status().waiting < 1 and caller.is_alive() and time.monotonic() < until:
+                time.sleep(0.02)  # the stopped call comes back to the pool's gate
+            stopped = pool.status().waiting == 1
+            if stopped:
+                proxy.run(pool.load_weights(str(other_weights), policy_version=2, timeout_s=LOAD_S))
+                proxy.run(pool.resume(2))
+            else:  # the engine had sampled the whole call before the pause reached it: nothing to stop, again
+                assert not caller.is_alive() and "error" not in answer, answer
+                proxy.run(pool.resume(1))
+            caller.join(300)
+        finally:
+            if pool.paused is not None:
+                proxy.run(pool.resume(2))
+            if stopped:
+                proxy.run(pool.load_weights(str(vllm_model_dir), policy_version=3, timeout_s=LOAD_S))
+        if stopped:
+            break
+    assert stopped, "three calls ended before an abort-mode pause could stop them"
     assert "error" not in answer, answer
     assert answer["finish"] == "length"
     (record,) = session.completions()
