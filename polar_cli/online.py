@@ -17,7 +17,7 @@ Rows: a task is a group (GRPO's): its ``num_samples`` sessions; each row's ``gro
 each task's sessions by sample index. Every session with a result is a row, with the status it ended with (completed,
 error, timeout, cancelled, ...), as ``polar generate`` keeps them; sessions still pending or running are left out.
 ``attempts`` is the dispatch the result came from; ``accepted``: completed, with a trainable token and a reward of
-at least :data:`ACCEPT_MIN_REWARD` (``polar generate``'s default).
+at least :data:`~polar_cli.rewards.DEFAULT_MIN_REWARD` (``polar generate``'s default).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from polar_cli.generate.ledger import Ledger, summarize
 from polar_cli.inputs import ONLINE_KINDS, ServerTasks, Source, input_kind, task_status_file
 from polar_cli.models import AgentSpec, BuilderSpec, SessionResult, TaskRequest, TaskStatus
 from polar_cli.node_protocol import ATTEMPT_KEY
+from polar_cli.rewards import DEFAULT_MIN_REWARD
 from polar_cli.server.config import DB_NAME
 
-ACCEPT_MIN_REWARD = 1.0
 IDS = ("session_id", "task_id", "builder", "harness")
 """Keys a trace's metadata adds to its task's metadata."""
 RESULT_KEYS = (ATTEMPT_KEY, "node_id", "run_status", "run", "evaluation")
@@ -93,7 +93,7 @@ def fill_ledger(ledger: Ledger, tasks: Iterable[OnlineTask]) -> None:
             attempt = result.metadata.get(ATTEMPT_KEY)
             attempts = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
             ledger.finish(summarize(request, result.sample_index, request.task_id, attempts, result,
-                                    ACCEPT_MIN_REWARD), result)  # fmt: skip
+                                    DEFAULT_MIN_REWARD), result)  # fmt: skip
     ledger.reorder(task_id for _, task_id in sorted((created, task_id) for task_id, created in order.items()))
 
 

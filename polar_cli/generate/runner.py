@@ -31,6 +31,7 @@ from polar_cli.models.limits import MAX_NUM_SAMPLES, MAX_TIMEOUT_S
 from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
+from polar_cli.rewards import DEFAULT_MIN_REWARD
 from polar_cli.server.config import ServerConfig
 
 SERVICE_DIR = "service"
@@ -51,7 +52,9 @@ class GenerateOptions(StrictModel):
     concurrency: PositiveInt = Field(default=8, description="sessions in flight at once")
     max_retries: NonNegativeInt = Field(default=1, description="re-runs of a session that errs or yields no tokens")
     group_by: str = Field(default="repo", description="task metadata field (or task_id) the tables group by")
-    accept_min_reward: float = Field(default=1.0, description="a completed session with this reward is accepted")
+    accept_min_reward: float = Field(
+        default=DEFAULT_MIN_REWARD, description="a completed session with this reward is accepted"
+    )
 
     def recipe(self) -> dict[str, Any]:
         """What every row of a folder depends on, so it must not change between a run and its resumption. Samples,
