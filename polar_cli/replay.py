@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 
 from polar_cli.errors import ConfigError
+from polar_cli.inputs import results_records
 from polar_cli.models import Completion, SessionResult
-from polar_cli.proxy import mask_session, messages_divergence, read_journal, tools_digest
+from polar_cli.proxy import journal_path, mask_session, messages_divergence, read_journal, tools_digest
 
 JOURNAL_FOLDERS = ("polar-data/journal", "journal")
 """Where a session's journal is looked for, beside a results file or in the current folder (``polar run``'s
@@ -53,8 +54,7 @@ def _journal_dirs(base: Path, journal_dir: Path | None) -> list[Path]:
 
 
 def _result_in(path: Path, session: str | None) -> SessionResult:
-    results = [SessionResult.model_validate_json(line)
-               for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]  # fmt: skip
+    results = [SessionResult.model_validate(record) for _, record in results_records(path)]
     ids = [r.session_id for r in results]
     if session is not None:
         if session not in ids:
@@ -101,9 +101,9 @@ def find_session(source: str | Path, *, session: str | None = None, journal_dir:
         session_id, base = str(source), Path.cwd()
     folders = _journal_dirs(base, journal_dir)
     for folder in folders:
-        if (folder / f"{session_id}.jsonl").is_file():
-            return folder / f"{session_id}.jsonl", first_index
-    looked = ", ".join(str(f / f"{session_id}.jsonl") for f in folders)
+        if journal_path(folder, session_id).is_file():
+            return journal_path(folder, session_id), first_index
+    looked = ", ".join(str(journal_path(f, session_id)) for f in folders)
     raise ConfigError(f"no journal of session {session_id!r} (looked for {looked}); give its folder with --journal")
 
 
