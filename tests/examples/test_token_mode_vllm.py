@@ -156,10 +156,15 @@ def assert_multi_turn(sessions: list[Session]) -> None:
         assert max(calls) >= 2, (harness, calls, [s.result.error for s in sessions if s.harness == harness])
 
 
-def verify_recompute(session: Session, model_dir: Path) -> None:
-    done = polar("verify", str(session.results_file), "--recompute", "--model", str(model_dir), "--journal",
-                 str(session.journal_dir), cwd=session.results_file.parent)  # fmt: skip
-    assert done.returncode == 0, f"{session.mode} {session.harness}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+def verify_recompute(sessions: list[Session], model_dir: Path) -> None:
+    """``polar verify --recompute`` on each run's results: every session of the run, once (a run of claude_code's
+    35K-token prompts takes about 30 s)."""
+    runs = {s.results_file: s for s in sessions}
+    for results, session in runs.items():
+        done = polar("verify", str(results), "--recompute", "--model", str(model_dir), "--journal",
+                     str(session.journal_dir), cwd=results.parent)  # fmt: skip
+        where = f"{session.mode} (keep_reasoning {session.keep_reasoning}) {session.harness}"
+        assert done.returncode == 0, f"{where}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def rendering(client: httpx.Client, url: str, completion: Completion) -> list[int]:
@@ -192,7 +197,7 @@ def test_messages_mode_breaks_where_the_history_was_rerendered_and_recomputes_ex
                 rerendered += 1
                 # the first sampled id the rendering left out: the reasoning the template dropped
                 assert brk["expected_ids"][:1] == [think], brk
-        verify_recompute(session, model_dir)
+    verify_recompute(mine, model_dir)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert rerendered >= 1  # the template did rewrite what the model sampled, and the builder said so
@@ -240,7 +245,7 @@ def test_tokens_mode_gives_one_exact_chain_per_conversation_that_recomputes_exac
             assert len(main_ids) >= 2, meta  # the conversation is one chain, across its turns
             lines.append(f"  {session.harness:12s} calls {len(journal)}  chains {meta.get('chains')}  spliced "
                          f"{spliced} ({edited})  reasoning tokens kept {kept}")  # fmt: skip
-            verify_recompute(session, model_dir)
+    verify_recompute(mine, model_dir)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
 
@@ -276,7 +281,7 @@ def test_tokens_mode_dropping_reasoning_breaks_the_chain_on_purpose_and_recomput
                          f"{list(causes.values())}")  # fmt: skip
             assert all(causes.get(c) == "reasoning_dropped" for c in expected), (expected, meta.get("breaks"))
             dropped += len(expected)
-            verify_recompute(session, model_dir)
+    verify_recompute(mine, model_dir)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert dropped >= 1
