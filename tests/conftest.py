@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from polar_cli.registry import LOAD_ENV, reset_registry
+from tests.support.xdist_groups import assign_groups
 
 SHARED_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 LOCAL_FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -30,3 +31,8 @@ def shared_fixture(name: str) -> Any:
         if path.exists():
             return json.loads(path.read_text())
     raise FileNotFoundError(name)
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's xdist worker group (tests/support/xdist_groups.py); pytest calls this once for the whole run."""
+    assign_groups(items)
