@@ -87,10 +87,11 @@ def test_a_burst_fills_every_run_slot_at_once_and_each_freed_slot_at_once(tmp_pa
 
 def test_a_burst_over_two_gateways_spreads_over_both(tmp_path: Path) -> None:
     """Two gateways of 4 run slots, nothing queued beyond them: a burst of 12 sessions gives each node 4 in the one
-    round, and the 4 left wait for slots; once the sessions run on, every one finishes."""
+    round, and the 4 left wait for slots; once the sessions run on, every one finishes. The config file still names
+    the old ``reservations_per_node``: it loads, with a note that it is ignored."""
     pipeline = {"init_workers": 4, "run_slots": 4, "postrun_workers": 4}
-    config = serve_config(tmp_path, "serve", server={**SLOW_HEARTBEATS, "max_queued_per_node": 0},
-                          gateway={"pipeline": pipeline})  # fmt: skip
+    old = {**SLOW_HEARTBEATS, "max_queued_per_node": 0, "reservations_per_node": 1}
+    config = serve_config(tmp_path, "serve", server=old, gateway={"pipeline": pipeline})
     server = Serve(tmp_path / "server", "--role", "server", "--port", "0", "--config", str(config))
     gateways: list[Serve] = []
     marker = tmp_path / "go"
@@ -115,6 +116,7 @@ def test_a_burst_over_two_gateways_spreads_over_both(tmp_path: Path) -> None:
         status = await finished(info, "spread")
         assert {r.status for r in status.results} == {"completed"} and len(status.results) == 12
         assert {r.metadata["node_id"] for r in status.results} == {n["node_id"] for n in nodes}
+        assert "Note: server.reservations_per_node is deprecated and ignored" in server.stderr()
 
     try:
         asyncio.run(body())
