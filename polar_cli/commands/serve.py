@@ -161,6 +161,8 @@ def serve_command(
     config = build_config(config_file, role, flags)
     config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session
     where = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
+    for note in config.server.notes() if config.role != "gateway" else []:
+        typer.echo(f"Note: {note}", err=True)
 
     with contextlib.suppress(Interrupted):  # the first signal drains (--drain-timeout), a second stops at once
         run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining))

@@ -26,8 +26,9 @@ class ServerConfig(StrictModel):
     max_queued_per_node: int | None = Field(
         default=None, ge=0, description="sessions queued on a node beyond its run slots (default: its run slots)"
     )
-    reservations_per_node: PositiveInt = Field(
-        default=8, description="sessions sent to a node since its last heartbeat (bounds a burst onto one node)"
+    reservations_per_node: PositiveInt | None = Field(
+        default=None,
+        description="deprecated and ignored: a dispatch round fills every node by headroom (max_queued_per_node)",
     )
     dispatch_timeout_s: PositiveFloat = Field(default=30.0, description="timeout of one call to a gateway")
     callbacks: Backoff = Field(default_factory=Backoff, description="retries of the trainer's callback_url")
@@ -37,6 +38,15 @@ class ServerConfig(StrictModel):
         le=MAX_POLICY_VERSION,
         description="the policy version of a fresh data dir (a restart keeps its own)",
     )
+
+    def notes(self) -> list[str]:
+        """What the operator should know about this config: settings that are kept only so old files still load."""
+        if self.reservations_per_node is None:
+            return []
+        return [
+            "server.reservations_per_node is deprecated and ignored: sessions are dispatched as soon as a node has "
+            "headroom (run slots plus max_queued_per_node), spread over the nodes in one round; remove it"
+        ]
 
     @property
     def db_path(self) -> Path:

@@ -2,7 +2,9 @@
 
 The HTTP routes (``polar_cli.server.app``) call the methods here; nothing here knows about requests. Background work:
 
-- the dispatcher sends pending sessions to nodes (``choose_node``), recording each attempt *before* the call;
+- the dispatcher sends pending sessions to nodes (``spread``), recording each attempt *before* the call; it runs
+  whenever capacity may have freed up (a submission, a result, a requeue, a heartbeat), so a freed slot is refilled in
+  the next round rather than at the node's next heartbeat;
 - liveness: a node silent for ``dead_after_intervals`` heartbeats is dead and its unfinished sessions go back to
   pending as a new attempt (or fail once ``max_attempts`` are used);
 - reconciliation, at start and on every heartbeat: a session the database says a gateway holds, that the gateway
@@ -61,7 +63,7 @@ from polar_cli.rewards import RECENT_TASKS, RecentTasks
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
 from polar_cli.server.inference import InferenceControl
-from polar_cli.server.scheduler import NodeView, choose_node
+from polar_cli.server.scheduler import NodeView, spread
 from polar_cli.server.store import (
     ASSIGNED,
     NodeRow,
@@ -100,7 +102,6 @@ class NodeLive:
     unreachable: bool = False
     running: int = 0
     queued: int = 0
-    reserved: int = 0
     draining: bool = False
     """The node said so in its heartbeat (it is stopping); unlike ``DELETE /nodes/{id}`` this is not kept."""
 
@@ -355,7 +356,7 @@ class RolloutServer:
             log.warning("node %s is heartbeating again", node_id)
         live.last_seen, live.last_heartbeat = time.monotonic(), time.time()
         live.dead = live.unreachable = False
-        live.running, live.queued, live.reserved = body.load.running, body.load.queued, 0
+        live.running, live.queued = body.load.running, body.load.queued  # reported in the status, not counted
         live.draining = body.draining
         await self.threads.write(self.store.mark_running, node_id, body.sessions)
         check = await self.threads.read(self.store.check_held, node_id, body.sessions)
@@ -433,7 +434,6 @@ class RolloutServer:
                 assigned=assigned.get(node.node_id, 0),
                 running=live.running if live else 0,
                 queued=live.queued if live else 0,
-                reserved=live.reserved if live else 0,
             )
             out.append((node, view))
         return out
@@ -455,20 +455,9 @@ class RolloutServer:
         if not pending:
             return
         assigned = await self.threads.read(self.store.assigned_counts)
-        loads = {view.node_id: view for _, view in self._views(self._nodes.values(), assigned)}
-        chosen: list[tuple[SessionRow, str]] = []
-        for row in pending:
-            node = choose_node(
-                loads.values(),
-                max_queued=self.config.max_queued_per_node,
-                reservations=self.config.reservations_per_node,
-                avoid=row.node_id,
-            )
-            if node is None:
-                break
-            node.assigned += 1
-            node.reserved += 1
-            chosen.append((row, node.node_id))
+        views = [view for _, view in self._views(self._nodes.values(), assigned)]
+        nodes = spread(views, [row.node_id for row in pending], max_queued=self.config.max_queued_per_node)
+        chosen = [(row, node.node_id) for row, node in zip(pending, nodes, strict=False)]
         if not chosen:
             return
         self._sending.update(row.session_id for row, _ in chosen)  # before they are recorded: see heartbeat()
@@ -480,9 +469,6 @@ class RolloutServer:
             if attempt is None:
                 self._sending.discard(row.session_id)
                 continue
-            live = self._live.get(node_id)
-            if live is not None:
-                live.reserved += 1
             batches.setdefault(node_id, []).append((row, attempt))
             self.metrics.dispatches.inc()
         for node_id, sends in batches.items():
