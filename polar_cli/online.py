@@ -2,7 +2,8 @@
 ``polar verify`` through the very code that reads generate folders, so their outputs are the same by construction.
 
 Three sources (told apart by :mod:`polar_cli.inputs`), each copied into a temporary ledger (a ``ledger.db`` in a
-folder under ``$TMPDIR``, deleted afterwards, see :func:`online_ledger`):
+folder under ``$TMPDIR``, deleted afterwards, see :func:`online_ledger`), except for ``polar export`` of a data dir,
+which reads it in place (:class:`StoreExport`, see :func:`export_source`):
 
 * a ``polar serve`` data dir: its ``server.db`` opened read-only (SQLite WAL: a running server is neither blocked
   nor changed; each task is read in one snapshot);
@@ -33,7 +34,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from polar_cli.errors import ConfigError
-from polar_cli.generate.ledger import Ledger, summarize
+from polar_cli.generate.ledger import ExportedResult, Ledger, ResultRow, summarize
 from polar_cli.inputs import ONLINE_KINDS, ServerTasks, Source, input_kind, task_status_file
 from polar_cli.models import AgentSpec, BuilderSpec, SessionResult, TaskRequest, TaskStatus
 from polar_cli.node_protocol import ATTEMPT_KEY
@@ -89,12 +90,18 @@ def fill_ledger(ledger: Ledger, tasks: Iterable[OnlineTask]) -> None:
             continue
         order[task.request.task_id] = task.created_at
         request = ledger.remember_task(len(order), task.request.task_id, task.request)
-        for result in task.results:
-            attempt = result.metadata.get(ATTEMPT_KEY)
-            attempts = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
-            ledger.finish(summarize(request, result.sample_index, request.task_id, attempts, result,
-                                    DEFAULT_MIN_REWARD), result)  # fmt: skip
+        for row, result in result_rows(request, task.results):
+            ledger.finish(row, result)
     ledger.reorder(task_id for _, task_id in sorted((created, task_id) for task_id, created in order.items()))
+
+
+def result_rows(request: TaskRequest, results: Iterable[SessionResult]) -> Iterator[tuple[ResultRow, SessionResult]]:
+    """Each result of ``request`` with its row: the task is the group, the dispatch the result came from its
+    ``attempts``, accepted at :data:`~polar_cli.rewards.DEFAULT_MIN_REWARD`."""
+    for result in results:
+        attempt = result.metadata.get(ATTEMPT_KEY)
+        attempts = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
+        yield summarize(request, result.sample_index, request.task_id, attempts, result, DEFAULT_MIN_REWARD), result
 
 
 # ---- a polar serve data dir ---------------------------------------------------------------------------------------
@@ -133,6 +140,89 @@ def store_tasks(data_dir: Path) -> Iterator[OnlineTask]:
             yield OnlineTask(request, float(created_at), results)
     finally:
         db.close()
+
+
+class StoreExport:
+    """A ``polar serve`` data dir as ``polar export`` reads a ledger (``polar_cli.export.exporter.ExportSource``),
+    without copying it into one: ``rows`` reads and checks every result once (one task's at a time, each task in one
+    snapshot) and keeps its summary row, ``export_results`` reads each wanted result again by its session id and
+    hands over the JSON the server stored. A temporary ledger would write every result twice more (its JSON, then
+    its slim JSON and token arrays) and read it back."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.db_path = data_dir / DB_NAME
+        self.db = read_only(self.db_path)
+        self._rows: list[ResultRow] | None = None
+        self._tasks: list[str] = []
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> StoreExport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def rows(self) -> list[ResultRow]:
+        """Every session with a result, in dataset order (tasks as submitted, each task's by sample index); a (task,
+        sample) that two results claim keeps the first, as a ledger does."""
+        if self._rows is None:
+            rows: dict[tuple[str, int], ResultRow] = {}
+            for task in store_tasks(self.data_dir):
+                self._tasks.append(task.request.task_id)
+                for row, _ in result_rows(task.request, task.results):
+                    rows.setdefault((row.task_id, row.sample_index), row)
+            self._rows = list(rows.values())
+        return self._rows
+
+    def export_results(self, rows: Iterable[ResultRow]) -> Iterator[ExportedResult]:
+        """``rows``' results as the server stored them (full JSON), streamed in their order, one at a time."""
+        query = "SELECT CAST(result AS BLOB) FROM sessions WHERE session_id = ? AND result IS NOT NULL"
+        for row in rows:
+            try:
+                found = self.db.execute(query, (row.session_id,)).fetchone()
+            except sqlite3.Error as exc:
+                raise ConfigError(f"cannot read {self.db_path}: {exc}") from exc
+            if found is None:
+                raise ConfigError(f"{self.db_path}: the result of session {row.session_id} is gone while reading it")
+            yield row, bytes(found[0]), None
+
+    def task(self, task_id: str) -> TaskRequest:
+        row = self.db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise ConfigError(f"{self.db_path}: no task {task_id!r}")
+        return _validated(TaskRequest, row[0], f"{self.db_path}: task {task_id}")
+
+    def task_field(self, field: str) -> dict[str, str]:
+        """Each task's metadata ``field`` (or its ``task_id``) as text, ``-`` where it has none, as
+        :meth:`Ledger.task_field <polar_cli.generate.ledger.Ledger.task_field>` reads it."""
+        if field == "task_id":
+            return {t: t for t in self._read_tasks()}
+        return self._extract('$.metadata."' + field.replace('"', "") + '"')
+
+    def harnesses(self) -> dict[str, str]:
+        """Each task's ``agent.harness``."""
+        return self._extract("$.agent.harness")
+
+    def _read_tasks(self) -> list[str]:
+        self.rows()
+        return self._tasks
+
+    def _extract(self, path: str) -> dict[str, str]:
+        """``json_extract(body, path)`` of each task read, as text (``-`` where null), as a ledger extracts it."""
+        tasks = set(self._read_tasks())
+        query = "SELECT task_id, json_extract(body, ?) FROM tasks"
+        return {t: "-" if v is None else str(v) for t, v in self.db.execute(query, (path,)) if t in tasks}
+
+
+def export_source(source: Source) -> contextlib.AbstractContextManager[Ledger | StoreExport]:
+    """What ``polar export`` reads of online data: a data dir in place (:class:`StoreExport`), the other sources
+    through a temporary ledger (:func:`online_ledger`; tasks on a server would be fetched twice otherwise)."""
+    if not isinstance(source, ServerTasks) and input_kind(source) == "serve":
+        return StoreExport(source)
+    return online_ledger(source)
 
 
 def _validated(model: type[M], text: str | bytes, where: str) -> M:

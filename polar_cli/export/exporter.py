@@ -35,7 +35,7 @@ from polar_cli.generate.stats import group_stats
 from polar_cli.inputs import ServerTasks, Source
 from polar_cli.models import StrictModel, TaskRequest
 from polar_cli.models.task import without_script
-from polar_cli.online import is_online, online_ledger
+from polar_cli.online import export_source, is_online
 
 if TYPE_CHECKING:
     from polar_cli.export.parquet import ShardedWriter
@@ -270,7 +270,7 @@ def export(source: Source | ExportSource, to: Path, options: ExportOptions | Non
         progress(f"reading {source}", 0, 0)
         ledger: ExportSource
         if isinstance(source, ServerTasks) or (isinstance(source, Path) and is_online(source)):
-            ledger = stack.enter_context(online_ledger(source))
+            ledger = stack.enter_context(export_source(source))
         elif isinstance(source, Path):
             ledger = stack.enter_context(open_ledger(source, must_exist=True))
         else:

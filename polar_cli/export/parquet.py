@@ -73,6 +73,10 @@ LOW_CARDINALITY = frozenset({"task_id", "instance_id", "group", "harness", "mode
 """Names of the string leaves (top-level columns or message fields) that get a dictionary."""
 
 
+NUMPY = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+"""The numpy type of the token columns' values (``DataType.to_pandas_dtype``, the fallback, is slower)."""
+
+
 def token_columns(schema: pa.Schema) -> dict[str, pa.ListType]:
     """The list-of-number columns and their types."""
     return {f.name: f.type for f in schema if pa.types.is_list(f.type) and pa.types.is_primitive(f.type.value_type)}
@@ -83,7 +87,8 @@ def one_row_list(value: Any, type: pa.ListType) -> pa.Array:
     the ledger's token arrays, views of its blob, stay views until the writer has written them."""
     if value is None:
         return pa.nulls(1, type)
-    values = np.ascontiguousarray(value, dtype=type.value_type.to_pandas_dtype())
+    dtype = NUMPY.get(type.value_type) or type.value_type.to_pandas_dtype()
+    values = np.ascontiguousarray(value, dtype=dtype)
     offsets = pa.py_buffer(np.array([0, len(values)], dtype=np.int32))
     flat = pa.Array.from_buffers(type.value_type, len(values), [None, pa.py_buffer(values)])
     return pa.Array.from_buffers(type, 1, [None, offsets], children=[flat])

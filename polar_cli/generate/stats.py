@@ -48,7 +48,8 @@ def group_stats(rows: Iterable[ResultRow], by: Mapping[str, str] | None = None) 
     all_tasks: dict[str, list[Outcome]] = {}
     for row in rows:
         name = row.group if by is None else by.get(row.task_id, "-")
-        stats = groups.setdefault(name, GroupStats(name))
+        if (stats := groups.get(name)) is None:  # not setdefault: a GroupStats (and its RewardStats) per row
+            stats = groups[name] = GroupStats(name)
         result = Outcome(reward=row.reward, accepted=row.accepted)
         tasks.setdefault(name, {}).setdefault(row.task_id, []).append(result)
         all_tasks.setdefault(row.task_id, []).append(result)

@@ -123,6 +123,38 @@ def test_export_from_the_server_the_data_dir_and_a_status_file(online: Online, t
         (json.loads(r["metadata"]), r["messages"]) for r in remote_messages]  # fmt: skip
 
 
+def test_export_reads_the_data_dir_in_place_and_writes_what_a_temporary_ledger_would(
+    online: Online, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``polar export`` of a data dir copies no result into a temporary ledger (a ``Ledger`` made while it runs
+    fails the test), and its folder is the one the ledger's way writes: the same files, tables and card."""
+    import pyarrow.parquet as pq
+
+    from polar_cli import online as online_data
+    from polar_cli.export import ExportOptions, export, exporter
+
+    options = ExportOptions(test_size=0.5, stratify_by="task_id", keep_rejected=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(exporter, "export_source", online_data.online_ledger)
+        export(online.data_dir, tmp_path / "via-ledger", options)
+
+    def no_ledger(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a temporary ledger was made")
+
+    monkeypatch.setattr(online_data, "Ledger", no_ledger)
+    report = export(online.data_dir, tmp_path / "in-place", options)
+    assert report.rows["traces"]["train"] and report.rows["messages"]["test"]
+    files = sorted(p.relative_to(tmp_path / "in-place") for p in (tmp_path / "in-place").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "via-ledger") for p in (tmp_path / "via-ledger").rglob("*")
+                           if p.is_file())  # fmt: skip
+    for name in files:
+        here, there = tmp_path / "in-place" / name, tmp_path / "via-ledger" / name
+        if name.suffix == ".parquet":
+            assert pq.read_table(here).equals(pq.read_table(there)), name
+        else:
+            assert here.read_text() == there.read_text(), name
+
+
 def test_export_of_tasks_that_ended_since_a_time(online: Online, tmp_path: Path) -> None:
     since = polar("export", *online.server, "--since", "1d", "--to", str(tmp_path / "since"))
     assert since.exit_code == 0, since.output
