@@ -103,6 +103,8 @@ class HttpChatClient(BackendClient):
         self.base = api_base(config.url)
         self._session: aiohttp.ClientSession | None = None
         self._model: str | None = config.model
+        self._renderer: Any = None
+        """The local tokenizer's renderer (``tokenizer``), made on the first local count."""
         self.logprobs_mode = config.logprobs_mode
         self._headers = dict(_JSON_HEADERS)
         if config.api_key:
@@ -291,12 +293,24 @@ class HttpChatClient(BackendClient):
         generation.backend_seconds = seconds
         return generation
 
+    async def context_tokens(self) -> int | None:
+        """The served model's ``max_model_len`` as ``GET /v1/models`` lists it (vLLM, SGLang), else None."""
+        model = await self.served_model()
+        data = await self.request("GET", "/v1/models")
+        entries = [e for e in (data.get("data") or []) if isinstance(e, dict)] if isinstance(data, dict) else []
+        chosen = next((e for e in entries if e.get("id") == model), None)
+        length = chosen.get("max_model_len") if chosen is not None else None
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
     async def count_tokens(self, request: ChatRequest) -> int:
         if self.config.tokenizer:
             from polar_cli.proxy.render import ChatRenderer, load_tokenizer
 
-            renderer = ChatRenderer(load_tokenizer(self.config.tokenizer))
-            return len(await asyncio.to_thread(renderer.prompt_ids, request.messages, request.tools))
+            if self._renderer is None:
+                self._renderer = ChatRenderer(load_tokenizer(self.config.tokenizer))
+            ids = await asyncio.to_thread(self._renderer.prompt_ids, request.messages, request.tools,
+                                          request.prompt_budget)  # fmt: skip
+            return len(ids)
         return await self.remote_count(request)
 
     async def remote_count(self, request: ChatRequest) -> int:
