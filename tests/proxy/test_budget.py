@@ -220,10 +220,13 @@ def test_a_prompt_within_the_characters_but_over_the_tokens_stops_counting(proxy
     session = proxy_process.new_session([])
     text = "x" * (DEFAULT_PROMPT_TOKENS * CHARS_PER_TOKEN - 1000)
     body = {"contents": [{"role": "user", "parts": [{"text": text}]}]}
+    proxy_process.reset_peak()
+    before = proxy_process.memory_kb()
     resp = httpx.post(session.base_urls["google"] + "/v1beta/models/m:countTokens", json=body,
                       headers=_headers("google", session.api_key), timeout=120)  # fmt: skip
     message = assert_error(resp, 400, "google")
     assert f"more than {DEFAULT_PROMPT_TOKENS} tokens in the first" in message
+    assert _peak_moved_kb(proxy_process, before) <= 64 * 1024  # the chunks counted, not the whole text (20 MB)
 
 
 def test_prompts_within_the_budget_are_answered(proxy_process: ProxyProcess) -> None:
