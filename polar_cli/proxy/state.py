@@ -52,6 +52,7 @@ class ProxyState:
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None
         self._budget: PromptBudget | None = None
+        self._budget_warned = False
 
     def _pool_reading(self) -> PoolReading:
         status = self.pool.status()
@@ -109,7 +110,10 @@ class ProxyState:
         try:
             context = await self.backend.context_tokens()
         except BackendError as exc:
-            log.warning("the backend's context length is unknown (%s): prompts get the default budget", exc)
+            if not self._budget_warned:
+                self._budget_warned = True
+                log.warning("the backend's context length is unknown for now (%s): prompts get the default budget "
+                            "until it answers", exc)  # fmt: skip
             return PromptBudget(DEFAULT_PROMPT_TOKENS)
         self._budget = PromptBudget(context, "model") if context else PromptBudget(DEFAULT_PROMPT_TOKENS)
         return self._budget

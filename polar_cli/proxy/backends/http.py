@@ -22,6 +22,8 @@ from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_a
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # upstream statuses the harness sees as they are after retries; any other 5xx is the proxy's 502 Bad Gateway
 _PASSED_STATUSES = frozenset({502, 503, 504})
+CONTEXT_PROBE_S = 10.0
+"""How long the question for the model's context length (the proxy's prompt budget) may take."""
 
 
 class HttpBackendConfig(StrictModel):
@@ -294,11 +296,11 @@ class HttpChatClient(BackendClient):
         return generation
 
     async def context_tokens(self) -> int | None:
-        """The served model's ``max_model_len`` as ``GET /v1/models`` lists it (vLLM, SGLang), else None."""
-        model = await self.served_model()
-        data = await self.request("GET", "/v1/models")
+        """The served model's (else the first model's) ``max_model_len`` as ``GET /v1/models`` lists it (vLLM,
+        SGLang), else None. One try of at most CONTEXT_PROBE_S: a request waiting on it is not under its deadline."""
+        data = await self._once("GET", "/v1/models", None, budget_s=CONTEXT_PROBE_S)
         entries = [e for e in (data.get("data") or []) if isinstance(e, dict)] if isinstance(data, dict) else []
-        chosen = next((e for e in entries if e.get("id") == model), None)
+        chosen = next((e for e in entries if e.get("id") == self._model), entries[0] if entries else None)
         length = chosen.get("max_model_len") if chosen is not None else None
         return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
 
