@@ -292,8 +292,9 @@ def test_a_prompt_over_a_configured_budget_is_refused_and_uses_no_turn(small_bud
     session = small_budget.new_session(script=[{"content": "first"}])
     headers = {"Authorization": f"Bearer {session.api_key}"}
     over = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}  # within 512 characters, not tokens
-    resp = httpx.post(f"{session.openai_base}/chat/completions", json=over, headers=headers)
-    assert "budget of 64 prompt tokens" in assert_error(resp, 400, "openai")
+    for stream in (False, True):  # a passed-through stream is refused before its first byte
+        resp = httpx.post(f"{session.openai_base}/chat/completions", json={**over, "stream": stream}, headers=headers)
+        assert "budget of 64 prompt tokens" in assert_error(resp, 400, "openai")
     assert session.completions() == []
     ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     resp = httpx.post(f"{session.openai_base}/chat/completions", json=ok, headers=headers)
