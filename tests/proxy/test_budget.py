@@ -3,8 +3,8 @@
 Against a real ``polar proxy`` process (scripted backend): a body of the maximum size (64 MiB) on every protocol,
 generation and token counting, is a 4xx in the provider's shape naming the budget, without the proxy's peak RSS
 (``/proc/PID/status`` VmHWM) moving more than docs/proxy.md says, and while it is sent the proxy keeps answering
-another session. One proxy process serves the module; the 64 MiB filler is built once. Then the checks themselves,
-and a small configured budget on the in-process proxy."""
+another session. One proxy process serves the module; the bodies are streamed, never held whole by the test. Then
+the checks themselves, and a small configured budget on the in-process proxy."""
 
 from __future__ import annotations
 
@@ -86,10 +86,8 @@ def proxy_process(demo_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory
         running.close()
 
 
-@pytest.fixture(scope="module")
-def filler() -> bytes:
-    """64 MiB of escaped newlines (``\\n`` in JSON), the hostile text: built once, sliced without copies."""
-    return b"\\n" * (MAX_BODY // 2)
+NEWLINE = b"\\n"
+"""The hostile text: a newline, escaped in JSON."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ class Case:
 
 
 def _text_body(before: dict[str, Any], where: str) -> tuple[bytes, bytes]:
-    """A body's JSON cut around the string at ``where`` (a placeholder), where the filler goes."""
+    """A body's JSON cut around the string at ``where`` (a placeholder), where the hostile text goes."""
     text = orjson.dumps(before).decode()
     head, _, tail = text.partition(f'"{where}"')
     return (head + '"').encode(), ('"' + tail).encode()
@@ -141,21 +139,24 @@ def _small_call(proxy: ProxyProcess, other: Session) -> int:
     return resp.status_code
 
 
-def send_max_body(proxy: ProxyProcess, session: Session, other: Session, case: Case, middle: bytes) -> httpx.Response:
-    """POST a body of exactly MAX_BODY bytes (``head``, ``middle`` cut to fit, ``tail``, padded with JSON whitespace).
-    Half-way through the upload the sender waits until another session's call has been answered."""
+def send_max_body(proxy: ProxyProcess, session: Session, other: Session, case: Case, unit: bytes) -> httpx.Response:
+    """POST a body of exactly MAX_BODY bytes: ``head``, ``unit`` repeated to fill it, ``tail``, and JSON whitespace
+    for what is left (streamed in 1 MiB chunks: the test never holds the body). Half-way through the upload the sender
+    waits until another session's call has been answered."""
     size = MAX_BODY - len(case.head) - len(case.tail)
-    fill = memoryview(middle)[: size - size % 2]
+    units, pad = divmod(size, len(unit))
+    per_chunk = CHUNK // len(unit)
+    full = unit * per_chunk
     halfway, answered = threading.Event(), threading.Event()
 
     def chunks() -> Iterator[bytes]:
         yield case.head
-        for start in range(0, len(fill), CHUNK):
-            if start >= len(fill) // 2 and not halfway.is_set():
+        for sent in range(0, units, per_chunk):
+            if sent >= units // 2 and not halfway.is_set():
                 halfway.set()
                 assert answered.wait(timeout=120), "the other session's call was not answered"
-            yield bytes(fill[start : start + CHUNK])
-        yield case.tail + b" " * (size % 2)
+            yield full if sent + per_chunk <= units else unit * (units - sent)
+        yield case.tail + b" " * pad
 
     result: dict[str, Any] = {}
 
@@ -187,14 +188,14 @@ def _peak_moved_kb(proxy: ProxyProcess, before: dict[str, int]) -> int:
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda case: case.name)
 def test_a_64_mib_prompt_is_refused_within_the_memory_bound(
-    proxy_process: ProxyProcess, filler: bytes, case: Case
+    proxy_process: ProxyProcess, case: Case
 ) -> None:
     session = proxy_process.new_session([{"content": "never"}])
     other = proxy_process.new_session([])
     _small_call(proxy_process, other)  # the session's first answer warms its paths before the peak is measured
     proxy_process.reset_peak()
     before = proxy_process.memory_kb()
-    resp = send_max_body(proxy_process, session, other, case, filler)
+    resp = send_max_body(proxy_process, session, other, case, NEWLINE)
     message = assert_error(resp, 400, case.provider)
     assert "prompt is too long for the context length" in message
     assert f"budget of {DEFAULT_PROMPT_TOKENS} prompt tokens" in message
@@ -205,11 +206,10 @@ def test_a_64_mib_body_of_tiny_values_is_refused_before_it_is_parsed(proxy_proce
     """``[{},{},...]`` parses into about 20x its size: the count of its values refuses it first."""
     session, other = proxy_process.new_session([{"content": "never"}]), proxy_process.new_session([])
     _small_call(proxy_process, other)
-    values = b"{}," * (MAX_BODY // 3)
     case = Case("tiny values", "openai", "/chat/completions", b'{"model": "m", "messages": [', b"{}]}")
     proxy_process.reset_peak()
     before = proxy_process.memory_kb()
-    message = assert_error(send_max_body(proxy_process, session, other, case, values), 400, "openai")
+    message = assert_error(send_max_body(proxy_process, session, other, case, b"{},"), 400, "openai")
     assert "JSON values" in message
     assert _peak_moved_kb(proxy_process, before) <= PEAK_MULTIPLE * MAX_BODY // 1024
 
