@@ -6,7 +6,7 @@ import asyncio
 import time
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -18,6 +18,9 @@ from polar_cli.models import StrictModel
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.models.inference import LogprobsMode
 from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_after, with_retries
+
+if TYPE_CHECKING:
+    from polar_cli.proxy.render import ChatRenderer
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # upstream statuses the harness sees as they are after retries; any other 5xx is the proxy's 502 Bad Gateway
@@ -105,7 +108,7 @@ class HttpChatClient(BackendClient):
         self.base = api_base(config.url)
         self._session: aiohttp.ClientSession | None = None
         self._model: str | None = config.model
-        self._renderer: Any = None
+        self._renderer: ChatRenderer | None = None
         """The local tokenizer's renderer (``tokenizer``), made on the first local count."""
         self.logprobs_mode = config.logprobs_mode
         self._headers = dict(_JSON_HEADERS)
