@@ -14,8 +14,9 @@ times, cheapest first, each before the next cost is paid:
 3. the tokenization itself (:func:`polar_cli.proxy.render.ChatRenderer.encode`): the rendered text is counted in
    chunks, and stopped once past the budget, so its cost is the budget's, never the body's.
 
-Each refusal is a :class:`~polar_cli.errors.PromptTooLongError`: a 400 in the provider's shape naming the budget (and
-"context length", which Codex and Claude Code read as "the prompt is too long", not as a failure to retry).
+Each refusal is a :class:`~polar_cli.errors.PromptTooLongError`: a 400 in the provider's shape naming the budget, its
+message saying "prompt is too long" and "context length" as the providers' own refusals do (the Responses codec
+answers it with the code ``context_length_exceeded``, which Codex does not retry).
 """
 
 from __future__ import annotations
