@@ -199,6 +199,8 @@ def test_a_64_mib_prompt_is_refused_within_the_memory_bound(
     message = assert_error(resp, 400, case.provider)
     assert "prompt is too long for the context length" in message
     assert f"budget of {DEFAULT_PROMPT_TOKENS} prompt tokens" in message
+    if case.name == "responses":
+        assert resp.json()["error"]["code"] == "context_length_exceeded"  # what Codex does not retry
     assert _peak_moved_kb(proxy_process, before) <= PEAK_MULTIPLE * MAX_BODY // 1024
 
 
