@@ -8,7 +8,8 @@
     │   └── UnknownComponentError    a name nobody registered (lists the available names)
     ├── ProxyError                   the gateway proxy could not serve a call
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
-    │   │   └── BodyTooLargeError    a request body over the proxy's limit (413)
+    │   │   ├── BodyTooLargeError    a request body over the proxy's limit (413)
+    │   │   └── PromptTooLongError   a prompt over the proxy's token budget (400, before it is tokenized)
     │   └── BackendError             the inference backend failed (after retries)
     │       └── BackendBusy          it accepted the connection but answered too slowly, or 503 (busy or loading)
     ├── RuntimeFailure               a runtime could not start, exec, copy or stop
@@ -96,6 +97,11 @@ class BodyTooLargeError(ProtocolError):
     """A request body over the configured size limit."""
 
     http_status = 413
+
+
+class PromptTooLongError(ProtocolError):
+    """A prompt over the proxy's token budget (``polar_cli.proxy.budget``): refused before (or while) the proxy pays
+    for its tokenization."""
 
 
 class BackendError(ProxyError):

@@ -45,6 +45,13 @@ def proxy(
     backend_retries: backend_options.BackendRetries = None,
     stream_mode: backend_options.StreamMode = "passthrough",
     token_mode: backend_options.TokenModeOption = None,
+    max_prompt_tokens: int | None = typer.Option(
+        None,
+        "--max-prompt-tokens",
+        min=1,
+        help="The most prompt tokens one request may make the proxy tokenize or render (default: the model's context "
+        "length, else 131072).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each backend error and warning."),
 ) -> None:
     """Run the gateway proxy: harnesses talk to it as their provider; every generation is journaled token-exactly."""
@@ -57,7 +64,7 @@ def proxy(
     )  # fmt: skip
     config = backend_options.proxy_config(
         overrides, source="polar proxy", host=host, port=port, journal_dir=journal, public_url=public_url,
-        control_token=token,
+        control_token=token, max_prompt_tokens=max_prompt_tokens,
     )  # fmt: skip
     try:
         run_until_stopped(serve_proxy(config, lambda state: _ready(state, generated)))

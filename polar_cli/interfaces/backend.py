@@ -66,6 +66,11 @@ class BackendClient(ABC):
         """Model names the backend serves (for ``GET /v1/models``)."""
         return []
 
+    async def context_tokens(self) -> int | None:
+        """The served model's context length in tokens, when the backend knows it (the proxy's prompt budget,
+        :mod:`polar_cli.proxy.budget`); None: unknown."""
+        return None
+
     async def preflight(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
         """Check within ``timeout_s`` that the backend answers, before any session starts; BackendError naming the
         server and the whole cause when it does not (default: nothing to check)."""

@@ -108,6 +108,9 @@ class ChatRequest:
     token_prompt: TokenPrompt | None = None
     """Token mode: the prompt as ids; a backend sends these, never the messages (one without a token-in route
     refuses the call)."""
+    prompt_budget: int | None = None
+    """The most prompt tokens the proxy may tokenize or render for this request (:mod:`polar_cli.proxy.budget`): a
+    backend that tokenizes locally stops there with a PromptTooLongError. None: unbounded."""
 
     def openai_body(self) -> dict[str, Any]:
         """The non-streaming OpenAI chat body (without backend-specific token switches)."""

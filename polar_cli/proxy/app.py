@@ -37,7 +37,7 @@ from polar_cli.proxy.state import ProxyState
 from polar_cli.proxy.streaming import SSE_HEADERS, pump, unless_client_leaves
 from polar_cli.proxy.token_prompt import build_token_prompt
 from polar_cli.web.auth import header_bytes
-from polar_cli.web.body import read_object
+from polar_cli.web.body import OFFLOAD_BYTES, parse_json, read_raw
 from polar_cli.web.disconnect import client_left
 from polar_cli.web.errors import ERROR_SHAPE, MAX_MESSAGE_CHARS, ErrorShape, error_response, json_errors, status_for
 
@@ -64,6 +64,14 @@ def presented_keys(request: web.Request) -> list[bytes]:
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _parse_object(raw: bytes) -> dict[str, Any]:
+    """A provider body as a JSON object (a big one parsed in a worker thread, as :mod:`polar_cli.web.body` does)."""
+    body = (await asyncio.to_thread(parse_json, raw) if len(raw) >= OFFLOAD_BYTES else parse_json(raw)) if raw else None
+    if not isinstance(body, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return body
 
 
 def provider_error(codec: Codec | None, status: int, message: str) -> web.Response:
@@ -140,11 +148,19 @@ class ProxyHandler:
                 return provider_error(codec, 404, f"no such endpoint: {where}")
             if found.kind != "count_tokens":
                 session.model_requests += 1
-            body, raw = await read_object(request)
-            if found.kind == "count_tokens":
-                count = await self.state.backend.count_tokens(codec.decode_count_tokens(body, found.route))
-                return _json(codec.count_tokens_body(count))
-            chat = codec.decode(body, found.route)
+            raw = await read_raw(request)
+            budget = await self.state.prompt_budget()
+            big = len(raw) > budget.max_chars // 2  # only a big body pays for the budget's checks, off the loop
+            if big:
+                await asyncio.to_thread(budget.check_body, raw)
+            body = await _parse_object(raw)
+            counting = found.kind == "count_tokens"
+            chat = codec.decode_count_tokens(body, found.route) if counting else codec.decode(body, found.route)
+            if big:
+                await asyncio.to_thread(budget.check_text, chat.messages, chat.tools, len(raw))
+            chat.prompt_budget = budget.tokens
+            if counting:
+                return _json(codec.count_tokens_body(await self.state.backend.count_tokens(chat)))
             seen.stream = bool(chat.stream)
             if session.sampling is not None:
                 apply_sampling(chat.params, session.sampling)  # the task's, over the harness's, for every provider

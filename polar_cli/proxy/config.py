@@ -49,6 +49,13 @@ class ProxyConfig(StrictModel):
     )
     backend_options: dict[str, Any] = Field(default_factory=dict, description="extra backend-specific options")
     max_body_mb: float = Field(default=64.0, gt=0)
+    max_prompt_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="the most prompt tokens one request may make the proxy parse, tokenize or render (count_tokens, "
+        "token mode, the scripted backend); default: the model's context length as the server reports it, else "
+        "131072 (docs/proxy.md, Limits)",
+    )
     token_mode: TokenMode = Field(
         default="messages",
         description="how prompts are built for sessions that do not say (agent.token_mode): messages (the server "

@@ -423,6 +423,10 @@ class InferencePool(BackendClient):
     async def models(self) -> list[str]:
         return await self._pick("", set()).client.models()
 
+    async def context_tokens(self) -> int | None:
+        """Any healthy replica's (they serve one model)."""
+        return await self._pick("", set()).client.context_tokens()
+
     async def preflight(self, timeout_s: float) -> None:
         """Every replica is asked at once; an error only when none answers (the others are marked unhealthy and
         re-admitted by the health check when they answer)."""

@@ -17,11 +17,17 @@ from typing import Any, TypeVar
 import orjson
 
 from polar_cli.errors import BackendError, ConfigError
+from polar_cli.proxy.budget import too_long
 
 DEMO_TOKENIZER_ENV = "POLAR_DEMO_TOKENIZER_DIR"
 INLINE_RENDER_CHARS = 32 * 1024
 """Prompts with less text than this are rendered on the event loop (well under a millisecond); bigger ones in a
 worker thread: a 6 MB message takes seconds to render and tokenize, and must not stall every other session."""
+COUNT_CHUNK_CHARS = 64 * 1024
+"""A text longer than its token limit is counted in chunks of this many characters before it is encoded whole: the
+tokenizer's cost (about 200 bytes per token) is then that of the limit, never of the text."""
+CHUNK_SLACK_TOKENS = 8
+"""How many more tokens a cut between chunks may count than the whole text has (a token or a special token split)."""
 
 T = TypeVar("T")
 
@@ -77,29 +83,9 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def text_chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
-    """About how much text a prompt holds (message contents, text parts, tool-call arguments, tool count): cheap,
-    and enough to tell a prompt that renders in microseconds from one that takes seconds."""
-    total = len(tools or ()) * 256
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                text = part.get("text") if isinstance(part, dict) else None
-                total += len(text) if isinstance(text, str) else 64
-        for key in ("reasoning_content", "reasoning"):
-            extra = message.get(key)
-            total += len(extra) if isinstance(extra, str) else 0
-        for call in message.get("tool_calls") or ():
-            args = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
-            total += len(args) if isinstance(args, str) else 64
-    return total
-
-
 async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``: inline when ``size`` (see :func:`text_chars`) is small, else in a worker thread."""
+    """``fn(*args)``: inline when ``size`` (see :func:`polar_cli.proxy.budget.text_chars`) is small, else in a worker
+    thread."""
     if size < INLINE_RENDER_CHARS:
         return fn(*args)
     return await asyncio.to_thread(fn, *args)
@@ -122,19 +108,39 @@ class ChatRenderer:
             raise BackendError(f"chat template failed: {type(exc).__name__}: {exc}", status=400) from exc
         return str(text)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """``text``'s ids; with a ``limit``, a PromptTooLongError once it is clearly past it, before the whole text
+        is encoded (a text longer than ``limit`` characters and than one chunk is counted chunk by chunk first), or
+        when its ids are."""
+        if limit is not None and len(text) > max(limit, COUNT_CHUNK_CHARS):
+            counted = 0
+            for cuts, start in enumerate(range(0, len(text), COUNT_CHUNK_CHARS)):
+                counted += len(self.tokenizer.encode(text[start : start + COUNT_CHUNK_CHARS], add_special_tokens=False))
+                if counted > limit + cuts * CHUNK_SLACK_TOKENS:
+                    raise too_long(f"more than {limit} tokens in the first {min(start + COUNT_CHUNK_CHARS, len(text))} "
+                                   f"of its {len(text)} characters", limit)  # fmt: skip
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if limit is not None and len(ids) > limit:
+            raise too_long(f"{len(ids)} tokens", limit)
+        return ids
 
     def prompt_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         return self._render(messages, tools, True)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        return self.encode(self.prompt_text(messages, tools))
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, limit: int | None = None
+    ) -> list[int]:
+        """The prompt's ids (``limit``: the most it may have, see :meth:`encode`)."""
+        return self.encode(self.prompt_text(messages, tools), limit)
 
     def conversation_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        limit: int | None = None,
     ) -> list[int]:
-        return self.encode(self._render(messages, tools, add_generation_prompt))
+        return self.encode(self._render(messages, tools, add_generation_prompt), limit)
 
     def turn_text(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, assistant: dict[str, Any]

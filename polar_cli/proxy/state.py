@@ -3,17 +3,22 @@ and the gateway."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from polar_cli.errors import BackendError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import PoolReading, ProxyMetrics, ReplicaReading, replica_label
 from polar_cli.models import Completion, TokenMode
 from polar_cli.models.inference import is_remote
 from polar_cli.models.task import SamplingSpec, SessionLimits
+from polar_cli.proxy.budget import DEFAULT_PROMPT_TOKENS, PromptBudget
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sessions import Session, SessionRegistry, base_urls
+
+log = logging.getLogger("polar.proxy")
 
 
 class ProxyState:
@@ -46,6 +51,8 @@ class ProxyState:
         self.metrics.watch(self._pool_reading, lambda: len(self.registry.sessions()))
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None
+        self._budget: PromptBudget | None = None
+        self._budget_warned = False
 
     def _pool_reading(self) -> PoolReading:
         status = self.pool.status()
@@ -91,6 +98,25 @@ class ProxyState:
         if self._models is None:
             self._models = await self.backend.models() or ["default"]
         return self._models
+
+    async def prompt_budget(self) -> PromptBudget:
+        """The prompt budget of every request (:mod:`polar_cli.proxy.budget`): ``max_prompt_tokens``, else the model's
+        context length (asked once; asked again next time when the backend could not be asked), else the default."""
+        if self._budget is not None:
+            return self._budget
+        if self.config.max_prompt_tokens is not None:
+            self._budget = PromptBudget(self.config.max_prompt_tokens, "config")
+            return self._budget
+        try:
+            context = await self.backend.context_tokens()
+        except BackendError as exc:
+            if not self._budget_warned:
+                self._budget_warned = True
+                log.warning("the backend's context length is unknown for now (%s): prompts get the default budget "
+                            "until it answers", exc)  # fmt: skip
+            return PromptBudget(DEFAULT_PROMPT_TOKENS)
+        self._budget = PromptBudget(context, "model") if context else PromptBudget(DEFAULT_PROMPT_TOKENS)
+        return self._budget
 
     async def close(self) -> None:
         await self.registry.close_all()

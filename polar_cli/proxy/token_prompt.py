@@ -34,6 +34,7 @@ from polar_cli.errors import BackendError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import PromptSpan
 from polar_cli.models.chat import ChatRequest, TokenPrompt
+from polar_cli.proxy.budget import too_long
 
 
 @dataclass(slots=True)
@@ -217,6 +218,8 @@ async def build_token_prompt(
 ) -> TokenPrompt:
     """Render the call's whole conversation on the backend, find its base and splice (see the module docstring)."""
     rendered = await backend.render(chat)
+    if chat.prompt_budget is not None and len(rendered.ids) > chat.prompt_budget:
+        raise too_long(f"{len(rendered.ids)} tokens rendered", chat.prompt_budget)
     match = find_base(chat.messages, history)
     if needs_probe(match, history) and not (match is not None and match.turn.has_reasoning and not keep_reasoning):
         learn_end_of_turn(history, await _probe(chat, backend))

@@ -37,6 +37,8 @@ class Peer:
     def __init__(self, loop_thread: LoopThread) -> None:
         self.replies: list[tuple[int, Any]] = []
         self.bodies: list[dict[str, Any]] = []
+        self.max_model_len: int | None = None
+        """What ``/v1/models`` says of the model's context, as vLLM does (None: nothing, as other servers)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._reply)
         app.router.add_post("/tokenize", self._reply)
@@ -50,7 +52,10 @@ class Peer:
         return web.json_response(body, status=status)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+        model: dict[str, Any] = {"id": "served-model", "object": "model"}
+        if self.max_model_len is not None:
+            model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     def client(self, backend: str, **config: Any) -> BackendClient:
         return get_backend(backend).client(url=self.url + "/v1", retry=FAST_RETRY, **config)
@@ -225,6 +230,24 @@ def test_count_tokens_uses_vllm_tokenize(peer: Peer) -> None:
 
     assert peer.loop_thread.run(go()) == 42
     assert peer.bodies[0]["add_generation_prompt"] is True and peer.bodies[0]["messages"] == REQUEST.messages
+
+
+def test_the_models_context_length_is_the_proxys_prompt_budget(peer: Peer, start_proxy: Callable[..., Any]) -> None:
+    peer.max_model_len = 1024  # 8192 characters of text at most
+    proxy = start_proxy(backend="vllm", backend_url=peer.url, model="served-model")
+    session = proxy.new_session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 9000}]}
+    resp = httpx.post(f"{session.openai_base}/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {session.api_key}"})  # fmt: skip
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert "budget of 1024 prompt tokens (the model's context length)" in message
+    assert peer.bodies == []  # refused before anything went upstream
+    peer.replies.append((200, vllm_answer(content="a")))
+    body["messages"][0]["content"] = "x" * 8000
+    resp = httpx.post(f"{session.openai_base}/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {session.api_key}"})  # fmt: skip
+    assert resp.status_code == 200, resp.text
 
 
 def test_scripted_backend_tokens(loop_thread: LoopThread, demo_tokenizer: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -19,9 +19,14 @@ from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.models.inference import LogprobsMode
 from polar_cli.proxy.retry import RETRYABLE_STATUSES, RetryConfig, parse_retry_after, with_retries
 
+if TYPE_CHECKING:
+    from polar_cli.proxy.render import ChatRenderer
+
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # upstream statuses the harness sees as they are after retries; any other 5xx is the proxy's 502 Bad Gateway
 _PASSED_STATUSES = frozenset({502, 503, 504})
+CONTEXT_PROBE_S = 10.0
+"""How long the question for the model's context length (the proxy's prompt budget) may take."""
 
 
 class HttpBackendConfig(StrictModel):
@@ -103,6 +108,8 @@ class HttpChatClient(BackendClient):
         self.base = api_base(config.url)
         self._session: aiohttp.ClientSession | None = None
         self._model: str | None = config.model
+        self._renderer: ChatRenderer | None = None
+        """The local tokenizer's renderer (``tokenizer``), made on the first local count."""
         self.logprobs_mode = config.logprobs_mode
         self._headers = dict(_JSON_HEADERS)
         if config.api_key:
@@ -291,12 +298,24 @@ class HttpChatClient(BackendClient):
         generation.backend_seconds = seconds
         return generation
 
+    async def context_tokens(self) -> int | None:
+        """The served model's (else the first model's) ``max_model_len`` as ``GET /v1/models`` lists it (vLLM,
+        SGLang), else None. One try of at most CONTEXT_PROBE_S: a request waiting on it is not under its deadline."""
+        data = await self._once("GET", "/v1/models", None, budget_s=CONTEXT_PROBE_S)
+        entries = [e for e in (data.get("data") or []) if isinstance(e, dict)] if isinstance(data, dict) else []
+        chosen = next((e for e in entries if e.get("id") == self._model), entries[0] if entries else None)
+        length = chosen.get("max_model_len") if chosen is not None else None
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
     async def count_tokens(self, request: ChatRequest) -> int:
         if self.config.tokenizer:
             from polar_cli.proxy.render import ChatRenderer, load_tokenizer
 
-            renderer = ChatRenderer(load_tokenizer(self.config.tokenizer))
-            return len(await asyncio.to_thread(renderer.prompt_ids, request.messages, request.tools))
+            if self._renderer is None:
+                self._renderer = ChatRenderer(load_tokenizer(self.config.tokenizer))
+            ids = await asyncio.to_thread(self._renderer.prompt_ids, request.messages, request.tools,
+                                          request.prompt_budget)  # fmt: skip
+            return len(ids)
         return await self.remote_count(request)
 
     async def remote_count(self, request: ChatRequest) -> int:

@@ -11,7 +11,8 @@ from typing import Any
 from polar_cli.errors import ConfigError
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation
-from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
+from polar_cli.proxy.budget import text_chars
+from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop
 
 
 class OpenAICompatClient(HttpChatClient):
@@ -36,7 +37,7 @@ class OpenAICompatClient(HttpChatClient):
         return generation
 
     def _retokenize(self, request: ChatRequest, generation: Generation) -> None:
-        generation.prompt_ids = self.renderer.prompt_ids(request.messages, request.tools)
+        generation.prompt_ids = self.renderer.prompt_ids(request.messages, request.tools, request.prompt_budget)
         generation.response_ids = self.renderer.turn_ids(request.messages, request.tools, generation.message)
         # server logprobs only stay when they line up one-to-one with our ids
         if generation.response_logprobs is not None and len(generation.response_logprobs) != len(
@@ -52,4 +53,5 @@ class OpenAICompatClient(HttpChatClient):
 
     async def count_tokens(self, request: ChatRequest) -> int:
         size = text_chars(request.messages, request.tools)
-        return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))
+        ids = await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools, request.prompt_budget)
+        return len(ids)

@@ -23,12 +23,13 @@ import orjson
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from polar_cli.config import read_data_file
-from polar_cli.errors import BackendError, ConfigError
+from polar_cli.errors import BackendError, ConfigError, PromptTooLongError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models import StrictModel, validate_model
 from polar_cli.models.chat import ChatRequest, Generation, Rendered, UpstreamStream
 from polar_cli.proxy.backends.script_check import ExpectedRequest, divergence, mask_session
-from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop, text_chars
+from polar_cli.proxy.budget import text_chars
+from polar_cli.proxy.render import ChatRenderer, load_tokenizer, off_loop
 from polar_cli.proxy.sessions import INLINE_SCRIPT_RULE
 
 log = logging.getLogger("polar.proxy.scripted")
@@ -320,7 +321,8 @@ class ScriptedClient(BackendClient):
 
     async def count_tokens(self, request: ChatRequest) -> int:
         size = text_chars(request.messages, request.tools)
-        return len(await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools))
+        ids = await off_loop(size, self.renderer.prompt_ids, request.messages, request.tools, request.prompt_budget)
+        return len(ids)
 
     def _cursor(self, session_id: str) -> _Cursor:
         cursor = self._cursors.get(session_id)
@@ -356,12 +358,15 @@ class ScriptedClient(BackendClient):
     async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
         size = text_chars(request.messages, request.tools)
         ids = await off_loop(size, self.renderer.conversation_ids, request.messages, request.tools,
-                             add_generation_prompt)  # fmt: skip
+                             add_generation_prompt, request.prompt_budget)  # fmt: skip
         return Rendered(ids=ids)
 
     def _render(self, request: ChatRequest, message: dict[str, Any], turn: ScriptTurn) -> tuple[list[int], list[int]]:
         given = request.token_prompt
-        prompt_ids = list(given.ids) if given is not None else self.renderer.prompt_ids(request.messages, request.tools)
+        if given is not None:
+            prompt_ids = list(given.ids)
+        else:
+            prompt_ids = self.renderer.prompt_ids(request.messages, request.tools, request.prompt_budget)
         if turn.response_ids is not None:
             return prompt_ids, list(turn.response_ids)
         return prompt_ids, self.renderer.turn_ids(request.messages, request.tools, message)
@@ -400,9 +405,16 @@ class ScriptedClient(BackendClient):
             raise BackendError(turn.error.message, status=turn.error.status)
         self._check_ids(session_id, position, turn)
         message = self._message(session_id, position, turn)
-        prompt_ids, response_ids = await off_loop(
-            text_chars(request.messages, request.tools) + text_chars([message]), self._render, request, message, turn
-        )
+        try:
+            prompt_ids, response_ids = await off_loop(
+                text_chars(request.messages, request.tools) + text_chars([message]), self._render, request, message,
+                turn,
+            )  # fmt: skip
+        except PromptTooLongError:
+            cursor = self._cursor(session_id)
+            if cursor.position == position + 1:
+                cursor.position = position  # a prompt refused is no call: its turn answers the next one
+            raise
         finish = turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")
         logprobs = turn.logprobs if turn.logprobs is not None else [_logprob(t, i) for i, t in enumerate(response_ids)]
         return Generation(
