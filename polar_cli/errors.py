@@ -8,7 +8,8 @@
     │   └── UnknownComponentError    a name nobody registered (lists the available names)
     ├── ProxyError                   the gateway proxy could not serve a call
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
-    │   │   └── BodyTooLargeError    a request body over the proxy's limit (413)
+    │   │   ├── BodyTooLargeError    a request body over the proxy's limit (413)
+    │   │   └── UnsupportedEncodingError  a body in a Content-Encoding the server cannot decode (415)
     │   └── BackendError             the inference backend failed (after retries)
     │       └── BackendBusy          it accepted the connection but answered too slowly, or 503 (busy or loading)
     ├── RuntimeFailure               a runtime could not start, exec, copy or stop
@@ -96,6 +97,12 @@ class BodyTooLargeError(ProtocolError):
     """A request body over the configured size limit."""
 
     http_status = 413
+
+
+class UnsupportedEncodingError(ProtocolError):
+    """A request body in a ``Content-Encoding`` the server cannot decode (never read as if it were identity)."""
+
+    http_status = 415
 
 
 class BackendError(ProxyError):
