@@ -7,6 +7,9 @@ routes, the rollout server's routes), with one set of limits:
   so, else once the limit is read (of the decoded body, so a compressed body cannot inflate past it);
 - framing and encoding: a body its ``Content-Encoding`` does not match (``gzip`` on plain JSON) or bad chunked
   framing is a 400 (the connection closes after the answer: nothing after such a body can be parsed);
+- memory: a body of a control route (:func:`read_json`: the rollout server's, a gateway's, the proxy's control routes)
+  of 1 MiB or more holds at most one array or object per :data:`BYTES_PER_CONTAINER` bytes, else a 400 before it is
+  parsed, so what it costs once parsed stays a small multiple of its size;
 - JSON: valid, and nested at most :data:`MAX_JSON_DEPTH` arrays/objects deep, else a 400. orjson writes at most 255
   levels, and what a route accepts is written back a few levels down (the journal embeds a provider body, a session
   summary its metadata, a result its task): anything accepted can be written back, so nothing accepted can make a
@@ -33,6 +36,12 @@ MAX_JSON_DEPTH = 128
 """Deepest nesting of arrays/objects a request body may have (the body itself is level 1)."""
 OFFLOAD_BYTES = 256 * 1024
 """Bodies at least this large are parsed and checked in a worker thread."""
+BYTES_PER_CONTAINER = 16
+"""A body read by :func:`read_json` of :data:`DENSE_CHECK_BYTES` or more holds at most one array or object per this
+many bytes (counted as ``[`` and ``{`` bytes, those inside strings too): an empty array costs Python 64 bytes for its
+3, so a body of nothing but ``[],`` would take 20-50 times its size once parsed and validated."""
+DENSE_CHECK_BYTES = 1 << 20
+"""Bodies below this size are never refused for their density of arrays/objects."""
 
 
 def too_deep(value: Any) -> bool:
@@ -96,10 +105,26 @@ async def _read_within(request: web.Request, bound: int, too_large: str) -> byte
     return bytes(body)
 
 
-async def _parse(raw: bytes, source: str | None) -> Any:
-    if len(raw) >= OFFLOAD_BYTES:
-        return await asyncio.to_thread(parse_json, raw, source=source)
+def too_dense(raw: bytes) -> bool:
+    """True when ``raw`` (of DENSE_CHECK_BYTES or more) may hold more than one array or object per
+    BYTES_PER_CONTAINER bytes: a scan at memory speed, before anything is parsed."""
+    return len(raw) >= DENSE_CHECK_BYTES and (raw.count(b"[") + raw.count(b"{")) * BYTES_PER_CONTAINER > len(raw)
+
+
+def _parse_bounded(raw: bytes, *, source: str | None = None) -> Any:
+    if too_dense(raw):
+        raise ProtocolError(
+            f"{_prefix(source)}request body holds more than one array or object per {BYTES_PER_CONTAINER} bytes "
+            f"({len(raw) / (1 << 20):.1f} MiB): refused before parsing, as it would take many times its size in memory"
+        )
     return parse_json(raw, source=source)
+
+
+async def _parse(raw: bytes, source: str | None, *, bounded: bool = False) -> Any:
+    parse = _parse_bounded if bounded else parse_json
+    if len(raw) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(parse, raw, source=source)
+    return parse(raw, source=source)
 
 
 async def read_json(
@@ -112,7 +137,7 @@ async def read_json(
         if default is not None:
             return default
         raise ProtocolError(f"{_prefix(source)}the request body is empty (expected JSON)")
-    return await _parse(raw, source)
+    return await _parse(raw, source, bounded=True)
 
 
 async def read_object(request: web.Request) -> tuple[dict[str, Any], bytes]:
