@@ -290,6 +290,7 @@ class Weights(BackendClient):
     vLLM in tests/proxy/test_vllm_weights.py)."""
 
     name = "weights"
+    reloads_weights = True
 
     def __init__(self, url: str | None, fail: bool = False) -> None:
         self.url, self.fail = url, fail
