@@ -26,7 +26,8 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 While the node drains (a graceful stop), ``POST /sessions`` and ``POST /sessions/batch`` answer 503 and the sessions
 under way run to the end. In a batch, each session's ``status`` is what ``POST /sessions`` would have answered for it
 alone; a refused session does not stop the others. The ``/inference`` routes are the rollout server's (a trainer
-talks to the server, which tells every gateway); a body whose fields are all optional may be empty.
+talks to the server, which tells every gateway); a body whose fields are all optional may be empty. ``load_weights``
+on a pool with a replica that cannot reload (the scripted backend) is a 409 before anything is paused.
 """
 
 from __future__ import annotations

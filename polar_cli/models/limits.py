@@ -40,8 +40,7 @@ MAX_WAIT_S = 3600.0
 
 MIB = 1 << 20
 MAX_CONTROL_BODY_BYTES = 1 * MIB
-"""A body of the inference routes (``/inference/...``, on the server and on a gateway), and of any route that reads
-none: a few fields."""
+"""A body of the inference routes (``/inference/...``, on the server and on a gateway): a few fields."""
 MAX_NODE_BODY_BYTES = 64 * MIB
 """A node's registration or heartbeat: up to ``MAX_LISTED_SESSIONS`` ids of 128 characters fit in 34 MiB."""
 MAX_TASK_BODY_BYTES = 64 * MIB
