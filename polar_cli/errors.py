@@ -9,7 +9,8 @@
     ├── ProxyError                   the gateway proxy could not serve a call
     │   ├── ProtocolError            a malformed provider request (becomes a provider-shaped 400)
     │   │   ├── BodyTooLargeError    a request body over the proxy's limit (413)
-    │   │   └── PromptTooLongError   a prompt over the proxy's token budget (400, before it is tokenized)
+    │   │   ├── PromptTooLongError   a prompt over the proxy's token budget (400, before it is tokenized)
+    │   │   └── UnsupportedEncodingError  a body in a Content-Encoding the server cannot decode (415)
     │   └── BackendError             the inference backend failed (after retries)
     │       └── BackendBusy          it accepted the connection but answered too slowly, or 503 (busy or loading)
     ├── RuntimeFailure               a runtime could not start, exec, copy or stop
@@ -102,6 +103,12 @@ class BodyTooLargeError(ProtocolError):
 class PromptTooLongError(ProtocolError):
     """A prompt over the proxy's token budget (``polar_cli.proxy.budget``): refused before (or while) the proxy pays
     for its tokenization."""
+
+
+class UnsupportedEncodingError(ProtocolError):
+    """A request body in a ``Content-Encoding`` the server cannot decode (never read as if it were identity)."""
+
+    http_status = 415
 
 
 class BackendError(ProxyError):

@@ -26,7 +26,8 @@ Every route but ``/healthz`` and the sessions' own ``/proxy/s/{id}`` needs ``Aut
 While the node drains (a graceful stop), ``POST /sessions`` and ``POST /sessions/batch`` answer 503 and the sessions
 under way run to the end. In a batch, each session's ``status`` is what ``POST /sessions`` would have answered for it
 alone; a refused session does not stop the others. The ``/inference`` routes are the rollout server's (a trainer
-talks to the server, which tells every gateway); a body whose fields are all optional may be empty.
+talks to the server, which tells every gateway); a body whose fields are all optional may be empty. ``load_weights``
+on a pool with a replica that cannot reload (the scripted backend) is a 409 before anything is paused.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pydantic import BaseModel
 from polar_cli.errors import ConfigError
 from polar_cli.ids import check_session_id
 from polar_cli.models import validate_model
+from polar_cli.models.limits import MAX_CONTROL_BODY_BYTES, MAX_TASK_BODY_BYTES
 from polar_cli.node_protocol import (
     BackendBody,
     CancelStaleAnswer,
@@ -56,6 +58,7 @@ from polar_cli.proxy import create_proxy_app, proxy_error_shape
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import ERROR_SHAPE, Handler, error_response, json_errors, json_response
+from polar_cli.web.intake import intake
 from polar_cli.web.metrics import metrics_handler
 
 if TYPE_CHECKING:
@@ -74,17 +77,19 @@ def _json(model: BaseModel, status: int = 200) -> web.Response:
 
 
 async def _body(request: web.Request, model: type[B]) -> B:
-    """The request's body as ``model`` (400 naming the field); an empty body is ``{}`` for models without a required
-    field."""
+    """An ``/inference`` route's body (at most ``MAX_CONTROL_BODY_BYTES``, else a 413) as ``model`` (400 naming the
+    field); an empty body is ``{}`` for models without a required field."""
     source = f"{request.method} {request.path}"
     empty: dict[str, object] | None = {} if not any(f.is_required() for f in model.model_fields.values()) else None
-    return validate_model(model, await read_json(request, source=source, default=empty), source=source)
+    data = await read_json(request, source=source, default=empty, limit=MAX_CONTROL_BODY_BYTES)
+    return validate_model(model, data, source=source)
 
 
 def create_app(node: GatewayNode) -> web.Application:
     """The node's routes, with the proxy mounted under ``/proxy``."""
     app = web.Application(
-        client_max_size=int(node.proxy.config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="gateway")]
+        client_max_size=int(node.proxy.config.max_body_mb * 1024 * 1024),
+        middlewares=[intake, json_errors(what="gateway")],
     )
 
     def guard(handler: Handler) -> Handler:
@@ -93,7 +98,7 @@ def create_app(node: GatewayNode) -> web.Application:
     async def create(request: web.Request) -> web.Response:
         if node.draining:
             return error_response(503, DRAINING)
-        data = await read_json(request, source="POST /sessions")
+        data = await read_json(request, source="POST /sessions", limit=MAX_TASK_BODY_BYTES)
         spec = validate_model(SingleSession, data, source="POST /sessions")
         job = await node.submit(spec.task, spec.sample_index, spec.session_id, attempt=spec.attempt)
         created = SessionCreated(session_id=job.session_id, task_id=job.task_id, sample_index=job.sample_index,
@@ -104,7 +109,8 @@ def create_app(node: GatewayNode) -> web.Application:
         if node.draining:
             return error_response(503, DRAINING)
         source = "POST /sessions/batch"
-        batch = validate_model(SessionBatch, await read_json(request, source=source), source=source)
+        data = await read_json(request, source=source, limit=MAX_TASK_BODY_BYTES)
+        batch = validate_model(SessionBatch, data, source=source)
         return _json(SessionBatchAnswer(sessions=await node.submit_batch(batch)))
 
     async def describe(request: web.Request) -> web.Response:

@@ -39,6 +39,9 @@ class BackendClient(ABC):
     """Which distribution the server's logprobs come from (None: unknown, or no logprobs); recorded per completion."""
     token_in: ClassVar[bool] = False
     """True when ``generate`` takes a request's ``token_prompt`` (token mode) and ``render`` renders prompts."""
+    reloads_weights: ClassVar[bool] = False
+    """True when ``reload_weights`` is implemented: a pool whose replicas cannot reload refuses ``load_weights``
+    before pausing anything."""
 
     async def render(self, request: ChatRequest, *, add_generation_prompt: bool = True) -> Rendered:
         """The prompt ids the server's chat template makes of ``request`` (token mode); BackendError when the

@@ -38,6 +38,17 @@ MAX_TIMEOUT_S = 604_800.0
 MAX_WAIT_S = 3600.0
 """The longest a long poll (``GET /rollout/task/{id}?wait=``) may be held: an hour."""
 
+MIB = 1 << 20
+MAX_CONTROL_BODY_BYTES = 1 * MIB
+"""A body of the inference routes (``/inference/...``, on the server and on a gateway): a few fields."""
+MAX_NODE_BODY_BYTES = 64 * MIB
+"""A node's registration or heartbeat: up to ``MAX_LISTED_SESSIONS`` ids of 128 characters fit in 34 MiB."""
+MAX_TASK_BODY_BYTES = 64 * MIB
+"""A task (``POST /rollout/task/submit``; a gateway's ``POST /sessions``, ``/sessions/batch``, also within its
+``max_body_mb``): its instruction, metadata and specs."""
+MAX_RESULT_BODY_BYTES = 256 * MIB
+"""A session's result (``POST /callbacks/session_result``): its trajectory, every trace's token ids and logprobs."""
+
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 

@@ -40,6 +40,7 @@ from polar_cli.web.auth import header_bytes
 from polar_cli.web.body import OFFLOAD_BYTES, parse_json, read_raw
 from polar_cli.web.disconnect import client_left
 from polar_cli.web.errors import ERROR_SHAPE, MAX_MESSAGE_CHARS, ErrorShape, error_response, json_errors, status_for
+from polar_cli.web.intake import intake
 
 log = logging.getLogger("polar.proxy")
 
@@ -375,7 +376,7 @@ def create_proxy_app(config: ProxyConfig, state: ProxyState | None = None, *, mo
     """The standalone proxy app (``polar proxy``); ``mount``: the prefix it is added under as a sub-app, if any."""
     state = state or ProxyState(config)
     app = web.Application(
-        client_max_size=int(config.max_body_mb * 1024 * 1024), middlewares=[json_errors(what="proxy")]
+        client_max_size=int(config.max_body_mb * 1024 * 1024), middlewares=[intake, json_errors(what="proxy")]
     )
     app[ERROR_SHAPE] = proxy_error_shape(mount)
     app.router.add_route("GET", "/", _root)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from polar_cli.errors import BackendBusy, BackendError, ConfigError, PauseTimeout
+from polar_cli.errors import BackendBusy, BackendError, ConfigError, PauseTimeout, PoolControlError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import ProxyMetrics, replica_label
 from polar_cli.models import StrictModel
@@ -279,12 +279,21 @@ class InferencePool(BackendClient):
         server's own mechanism, then resume under ``policy_version``. Paused in ``keep`` mode, the calls frozen on the
         servers are not waited for: they go on under the new weights. A pool that was paused already stays paused
         (whoever paused it resumes it: the rollout server, once every gateway sharing these replicas has reloaded).
-        A reload that fails leaves the pool paused and raises BackendError naming each replica that failed."""
+        A pool with a replica that cannot reload (the scripted backend, an OpenAI-compatible server) is refused with
+        PoolControlError (409) before anything is paused. A reload that fails leaves the pool paused and raises
+        BackendError naming each replica that failed, and saying that the pool stays paused and why."""
+        targets = self._replicas if urls is None else [self._find(url) for url in urls]
+        fixed = [r for r in targets if not r.client.reloads_weights]
+        if fixed:
+            names = ", ".join(sorted({f"the {r.client.name or type(r.client).__name__} backend" for r in fixed}))
+            raise PoolControlError(
+                f"cannot load weights from {path}: {names} cannot reload weights in place (only vllm and sglang "
+                "replicas can); nothing was paused"
+            )
         paused_before = self._paused is not None
         if self._paused is None:
             await self.pause("wait", timeout_s)
         # paused in keep mode: the calls frozen on the servers are recomputed under the new weights after the resume
-        targets = self._replicas if urls is None else [self._find(url) for url in urls]
         failures = await asyncio.gather(*(self._reload(r, path, timeout_s) for r in targets))
         failed = [f for f in failures if f is not None]
         if failed:

@@ -9,7 +9,13 @@ from pydantic import BaseModel
 
 from polar_cli.errors import ConfigError
 from polar_cli.models import TaskRequest, validate_model
-from polar_cli.models.limits import MAX_WAIT_S
+from polar_cli.models.limits import (
+    MAX_CONTROL_BODY_BYTES,
+    MAX_NODE_BODY_BYTES,
+    MAX_RESULT_BODY_BYTES,
+    MAX_TASK_BODY_BYTES,
+    MAX_WAIT_S,
+)
 from polar_cli.node_protocol import (
     BackendBody,
     CancelStaleBody,
@@ -24,9 +30,9 @@ from polar_cli.server.service import RolloutServer
 from polar_cli.web.auth import guarded
 from polar_cli.web.body import read_json
 from polar_cli.web.errors import Handler, json_errors, json_response
+from polar_cli.web.intake import intake
 from polar_cli.web.metrics import metrics_handler
 
-MAX_BODY_MB = 256
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -34,21 +40,25 @@ def _json(model: BaseModel, status: int = 200) -> web.Response:
     return json_response(model.model_dump(mode="json"), status)
 
 
-async def _body(request: web.Request, model: type[M], *, default: object = None) -> M:
-    """The request's JSON body as ``model`` (a 400 naming the field when it is not one)."""
+async def _body(request: web.Request, model: type[M], limit: int, *, default: object = None) -> M:
+    """The request's JSON body (at most ``limit`` bytes, else a 413) as ``model`` (a 400 naming the field when it is
+    not one)."""
     source = f"{request.method} {request.path}"
-    return validate_model(model, await read_json(request, source=source, default=default), source=source)
+    data = await read_json(request, source=source, default=default, limit=limit)
+    return validate_model(model, data, source=source)
 
 
 def create_app(server: RolloutServer) -> web.Application:
-    """Every route but ``GET /healthz`` needs a token: the server's, or (heartbeats, results) the calling node's."""
-    app = web.Application(client_max_size=MAX_BODY_MB * 1024 * 1024, middlewares=[json_errors(what="rollout server")])
+    """Every route but ``GET /healthz`` needs a token: the server's, or (heartbeats, results) the calling node's,
+    checked before the body is read. Each route reads at most its own limit (``polar_cli.models.limits``)."""
+    middlewares = [intake, json_errors(what="rollout server")]
+    app = web.Application(client_max_size=MAX_RESULT_BODY_BYTES, middlewares=middlewares)
 
     def guard(handler: Handler) -> Handler:
         return guarded(server.token, "the rollout server", handler, token_name="server token")
 
     async def submit(request: web.Request) -> web.Response:
-        return _json(await server.submit(await _body(request, TaskRequest)))
+        return _json(await server.submit(await _body(request, TaskRequest, MAX_TASK_BODY_BYTES)))
 
     async def task_status(request: web.Request) -> web.Response:
         try:
@@ -76,16 +86,18 @@ def create_app(server: RolloutServer) -> web.Application:
         return _json(await server.service_status())
 
     async def register(request: web.Request) -> web.Response:
-        return _json(await server.register(await _body(request, RegisterBody)))
+        return _json(await server.register(await _body(request, RegisterBody, MAX_NODE_BODY_BYTES)))
 
     async def heartbeat(request: web.Request) -> web.Response:
         node_id = request.match_info["node_id"]
         server.check_node(node_id, request)  # before the body is even read: a wrong token changes nothing
-        return _json(await server.heartbeat(node_id, await _body(request, HeartbeatBody, default={})))
+        body = await _body(request, HeartbeatBody, MAX_NODE_BODY_BYTES, default={})
+        return _json(await server.heartbeat(node_id, body))
 
     async def session_result(request: web.Request) -> web.Response:
         source = "POST /callbacks/session_result"
-        data = await read_json(request, source=source)
+        server.check_some_node(request)  # before the body is read: without a node's token it costs nothing
+        data = await read_json(request, source=source, limit=MAX_RESULT_BODY_BYTES)
         node_id = data.get("node_id") if isinstance(data, dict) else None
         server.check_node(str(node_id), request)
         body = validate_model(SessionResultBody, data, source=source)
@@ -100,22 +112,23 @@ def create_app(server: RolloutServer) -> web.Application:
         return _json(await inference.status())
 
     async def pause(request: web.Request) -> web.Response:
-        return _json(await inference.pause(await _body(request, PauseBody, default={})))
+        return _json(await inference.pause(await _body(request, PauseBody, MAX_CONTROL_BODY_BYTES, default={})))
 
     async def resume(request: web.Request) -> web.Response:
-        return _json(await inference.resume(await _body(request, ResumeBody, default={})))
+        return _json(await inference.resume(await _body(request, ResumeBody, MAX_CONTROL_BODY_BYTES, default={})))
 
     async def load_weights(request: web.Request) -> web.Response:
-        return _json(await inference.load_weights(await _body(request, LoadWeightsBody)))
+        return _json(await inference.load_weights(await _body(request, LoadWeightsBody, MAX_CONTROL_BODY_BYTES)))
 
     async def add_backend(request: web.Request) -> web.Response:
-        return _json(await inference.add_backend(await _body(request, BackendBody)))
+        return _json(await inference.add_backend(await _body(request, BackendBody, MAX_CONTROL_BODY_BYTES)))
 
     async def remove_backend(request: web.Request) -> web.Response:
-        return _json(await inference.remove_backend(await _body(request, BackendBody)))
+        return _json(await inference.remove_backend(await _body(request, BackendBody, MAX_CONTROL_BODY_BYTES)))
 
     async def cancel_stale(request: web.Request) -> web.Response:
-        return _json(await inference.cancel_stale(await _body(request, CancelStaleBody, default={})))
+        body = await _body(request, CancelStaleBody, MAX_CONTROL_BODY_BYTES, default={})
+        return _json(await inference.cancel_stale(body))
 
     async def health(request: web.Request) -> web.Response:
         return json_response({"ok": True})

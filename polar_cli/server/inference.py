@@ -8,7 +8,7 @@ replica) run one at a time, in the order they came; ``status`` and ``cancel_stal
 A gateway that fails, does not answer in time, or refuses makes the call fail with a message naming each such gateway
 and what it said: ``ConfigError`` (400) when every one of them refused the input itself (400/422), else
 ``PoolControlError`` (409). The gateways that did it keep what they did (a pause stays in force: resume, or pause
-again).
+again), and a failed pause or load_weights says so in its message.
 """
 
 from __future__ import annotations
@@ -68,16 +68,28 @@ def reload_plan(pools: Sequence[tuple[NodeRow, PoolStatus]]) -> dict[str, list[s
     return plan
 
 
-def _failure(what: str, answered: Sequence[Answered[A]]) -> PolarError | None:
-    """The error naming every gateway that did not answer ``what`` with a 2xx it could read; None when all did."""
+def _failure(what: str, answered: Sequence[Answered[A]], then: str | None = None) -> PolarError | None:
+    """The error naming every gateway that did not answer ``what`` with a 2xx it could read, and ``then`` (what that
+    leaves behind: before the gateways' own words, which may be long); None when all did."""
     failed = [a for a in answered if a.reply.answer is None]
     if not failed:
         return None
     said = "; ".join(f"{a.node.node_id} ({a.node.url}) {_said(a.reply)}" for a in failed)
-    message = f"{what} failed on {len(failed)} of {len(answered)} gateways: {said}"
+    leaves = f". {then}" if then else ""
+    message = f"{what} failed on {len(failed)} of {len(answered)} gateways{leaves}: {said}"
     if all(a.reply.status in (400, 422) for a in failed):
         return ConfigError(message)
     return PoolControlError(message)
+
+
+STAYS_PAUSED = (
+    "Sampling stays paused on every gateway that paused, and on any that registers: pause again once the gateway is "
+    "back, or resume"
+)
+RELOAD_FAILED = (
+    "Sampling stays paused under the old version: load again (a failed reload can leave an inference server without "
+    "usable weights, so resuming on it is not safe)"
+)
 
 
 def _said(reply: Reply[A]) -> str:
@@ -134,7 +146,8 @@ class InferenceControl:
         """Every gateway holds new model calls; answered when every pool is quiet (``wait``) or frozen (``keep``)."""
         async with self._changing:
             await self._keep(self.policy_version, body.mode)
-            return self._status(await self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, body)))
+            pause = self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, body), then=STAYS_PAUSED)
+            return self._status(await pause)
 
     async def resume(self, body: ResumeBody) -> InferenceStatus:
         """Every gateway samples again, under ``body.policy_version`` (default: the current one + 1)."""
@@ -159,14 +172,14 @@ class InferenceControl:
                 )
             await self._keep(self.policy_version, "wait")
             pause = PauseBody(mode="wait", timeout_s=body.timeout_s)
-            await self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, pause))
+            await self._all("pause", self.nodes(), lambda node: self.gateways.pause(node, pause), then=STAYS_PAUSED)
 
             def load(node: NodeRow) -> Awaitable[Reply[PoolStatus]]:
                 mine = body.model_copy(update={"policy_version": version, "urls": plan[node.node_id]})
                 return self.gateways.load_weights(node, mine)
 
             try:
-                await self._all(f"load_weights from {body.path}", loading, load)
+                await self._all(f"load_weights from {body.path}", loading, load, then=RELOAD_FAILED)
             except PolarError:
                 # a gateway whose own reloads succeeded has resumed: pause it again, as the failure says
                 await self._each(self.nodes(), lambda node: self.gateways.pause(node, pause))
@@ -248,11 +261,15 @@ class InferenceControl:
         return [Answered(node, reply) for node, reply in zip(nodes, replies, strict=True)]
 
     async def _all(
-        self, what: str, nodes: list[NodeRow], send: Callable[[NodeRow], Awaitable[Reply[A]]]
+        self,
+        what: str,
+        nodes: list[NodeRow],
+        send: Callable[[NodeRow], Awaitable[Reply[A]]],
+        then: str | None = None,
     ) -> list[Answered[A]]:
-        """As ``_each``, but any node that failed makes it raise (naming each)."""
+        """As ``_each``, but any node that failed makes it raise (naming each, and saying ``then``)."""
         answered = await self._each(nodes, send)
-        error = _failure(what, answered)
+        error = _failure(what, answered, then)
         if error is not None:
             raise error
         return answered

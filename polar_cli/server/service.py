@@ -75,7 +75,7 @@ from polar_cli.server.store import (
 )
 from polar_cli.server.store_threads import StoreThreads
 from polar_cli.task_check import check_task
-from polar_cli.web.auth import bearer_matches, bearer_token, new_token
+from polar_cli.web.auth import bearer_matches, bearer_token, new_token, token_digest
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "POLAR_TOKEN"
@@ -129,6 +129,9 @@ class RolloutServer:
         self._recent = RecentTasks()
         """The outcomes of the tasks that ended last, for ``ServiceStatus.rewards``."""
         self._nodes: dict[str, NodeRow] = {}
+        self._node_tokens: set[bytes] = set()
+        """The digests of the registered nodes' tokens (``token_digest``): who may post a result, known before its
+        body is read."""
         self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -158,6 +161,7 @@ class RolloutServer:
         for node in await self.threads.read(self.store.nodes):
             self._nodes[node.node_id] = node
             self._live[node.node_id] = NodeLive(last_seen=now)  # a grace period: a full dead-after span to heartbeat
+        self._node_tokens = {token_digest(node.token) for node in self._nodes.values()}
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="polar-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="polar-liveness"),
@@ -323,6 +327,15 @@ class RolloutServer:
 
     # ---- nodes (gateway API) ------------------------------------------------------------------------------------
 
+    def check_some_node(self, request: Any) -> None:
+        """AuthError unless ``request`` carries the token of some registered node: what a route whose body names the
+        node (``POST /callbacks/session_result``) checks before reading that body; :meth:`check_node` after."""
+        presented = bearer_token(request)
+        if presented is None:
+            raise AuthError("node calls need the calling node's node token (Authorization: Bearer <node token>)")
+        if token_digest(presented) not in self._node_tokens:
+            raise AuthError("wrong node token: it is not the token of any registered node")
+
     def check_node(self, node_id: str, request: Any) -> None:
         """AuthError unless ``request`` carries the token of registered node ``node_id``."""
         node = self._nodes.get(node_id)
@@ -339,6 +352,7 @@ class RolloutServer:
         node = await self.threads.read(self.store.node, node_id)
         assert node is not None
         self._nodes[node_id] = node
+        self._node_tokens = {token_digest(known.token) for known in self._nodes.values()}
         self._live[node_id] = NodeLive(last_seen=time.monotonic())
         held = set(body.held_results)
         for row in await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id):

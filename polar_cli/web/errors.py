@@ -79,36 +79,39 @@ def json_errors(*, what: str = "server") -> Any:
     text/plain and never a traceback.
 
     aiohttp's HTTP exceptions (404 no route, 405, 413 body too large) keep their status; PolarErrors map through
-    ``status_for``; anything else is logged and answered 500.
+    ``status_for``; anything else is logged with its traceback and answered 500. A client's error (4xx: a refused,
+    cut or malformed body, a failed validation, a wrong token) is one INFO line, never a traceback.
     """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await _answer(request, handler)
-        # a body that could not be decoded, or an encoded one left unread (decoding it later may fail, and aiohttp
-        # would then answer a second time on this connection): nothing after it on this connection is safe to parse
-        unread = request.headers.get("Content-Encoding") and not request.content.at_eof()
-        if (request.content.exception() is not None or unread) and not response.prepared:
-            response.force_close()
-        return response
-
-    async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return shaped_error(request, exc.status, _http_message(exc, request))
+            message = _http_message(exc, request)
+            log_refusal(what, request.method, request.path, exc.status, message)
+            return shaped_error(request, exc.status, message)
         except PolarError as exc:
             status = status_for(exc)
+            message = str(exc)[:MAX_MESSAGE_CHARS]
             if status >= 500:
-                log.error("%s: %s %s: %s", what, request.method, request.path, exc)
-            return shaped_error(request, status, str(exc)[:MAX_MESSAGE_CHARS])
+                log.error("%s: %s %s: %s", what, request.method, request.path[:200], message)
+            else:
+                log_refusal(what, request.method, request.path, status, message)
+            return shaped_error(request, status, message)
         except Exception as exc:
             log.exception("%s: internal error on %s %s", what, request.method, request.path)
             return shaped_error(request, 500, f"internal {what} error: {type(exc).__name__}")
 
     return middleware
+
+
+def log_refusal(what: str, method: str, target: str, status: int, message: str) -> None:
+    """A client's error, as one INFO line (no traceback: nothing here failed)."""
+    line = " ".join(message.split())[:MAX_MESSAGE_CHARS]
+    log.info("%s: %s %s: client error %d: %s", what, method[:40], target[:200], status, line)
 
 
 def _http_message(exc: web.HTTPException, request: web.Request) -> str:

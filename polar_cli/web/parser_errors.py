@@ -16,11 +16,14 @@ body that does not end its stream) would be queued as a second request while the
 body, which then never ends: no answer at all. It goes to that body instead (the handler's read fails and it
 answers in its own shape), and the connection closes after that answer: nothing after a bad body can be parsed.
 
+A parser error is the client's (a 4xx): it is logged as one INFO line, without aiohttp's traceback.
+
 Its connections also set :func:`polar_cli.web.disconnect.client_gone` the moment the client hangs up.
 """
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -29,7 +32,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from polar_cli.web.disconnect import GONE
-from polar_cli.web.errors import ERROR_SHAPE, ErrorShape, control_shape, error_response
+from polar_cli.web.errors import ERROR_SHAPE, ErrorShape, control_shape, error_response, log_refusal
 
 _MAX_HEAD_LINE = 16 * 1024  # longer than aiohttp's limits (8190): the parser rejects such a head anyway
 
@@ -196,12 +199,15 @@ class ShapedErrorsRequestHandler(RequestHandler):
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; raises if a reply already started
-        if status >= 500:
-            text = "internal server error" if status == 500 else f"HTTP {status} {plain.reason}"
-        else:
-            text = f"malformed HTTP request: {(message or plain.reason)[:200]}"
         method, target = self._target(request, exc)
+        if status >= 500:
+            plain = super().handle_error(request, status, exc, message)  # logs; raises if a reply already started
+            text = "internal server error" if status == 500 else f"HTTP {status} {plain.reason}"
+        else:  # the client's error: one line, no traceback
+            if request.writer.output_size > 0:
+                raise ConnectionError("Response is sent already, cannot send another response with the error message")
+            text = f"malformed HTTP request: {(message or HTTPStatus(status).phrase)[:200]}"
+            log_refusal("server", method, target, status, text)
         try:
             headers = request.headers if request.method != "UNKNOWN" else {}
             reply = self.shape(method, target, headers, status, text)

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from polar_cli.errors import BackendError, ConfigError, PauseTimeout
+from polar_cli.errors import BackendError, ConfigError, PauseTimeout, PoolControlError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.pool import InferencePool, PoolConfig
@@ -290,6 +290,7 @@ class Weights(BackendClient):
     vLLM in tests/proxy/test_vllm_weights.py)."""
 
     name = "weights"
+    reloads_weights = True
 
     def __init__(self, url: str | None, fail: bool = False) -> None:
         self.url, self.fail = url, fail
@@ -333,6 +334,24 @@ def test_load_weights_reloads_each_replica_and_resumes_under_the_new_version() -
         assert status.paused == "wait" and status.policy_version == 12
         assert made["http://a:1"].loaded[-1] == "/ckpt/step-13"
         assert (await pool.resume(13)).policy_version == 13
+
+    run(test)
+
+
+def test_load_weights_on_a_replica_that_cannot_reload_is_refused_before_the_pause() -> None:
+    """Was a 502 after the pause, leaving the pool paused (every session on the node then waited)."""
+
+    async def test() -> None:
+        class Fixed(Weights):
+            reloads_weights = False
+
+        pool = InferencePool(lambda url: Fixed(url) if url == "http://fixed:1" else Weights(url),
+                             ["http://a:1", "http://fixed:1"], config=FAST)  # fmt: skip
+        with pytest.raises(PoolControlError, match=r"the weights backend cannot reload .*nothing was paused"):
+            await pool.load_weights("/ckpt/step-2")
+        assert pool.status().paused is None and pool.policy_version == 1
+        status = await pool.load_weights("/ckpt/step-2", urls=["http://a:1"])  # the ones that can, asked alone
+        assert status.paused is None and status.policy_version == 2
 
     run(test)
 

@@ -40,6 +40,7 @@ def output_token_logprobs(meta: dict[str, Any]) -> tuple[list[int], list[float]]
 
 class SglangClient(HttpChatClient):
     name = "sglang"
+    reloads_weights = True
 
     async def pause_generation(self, timeout_s: float) -> bool:
         """``POST /pause_generation {"mode": "retract"}``: the scheduler stops and its running requests go back to the

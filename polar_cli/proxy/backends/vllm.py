@@ -94,6 +94,7 @@ class VllmClient(HttpChatClient):
     name = "vllm"
     streams_token_ids = True
     token_in = True
+    reloads_weights = True
 
     def __init__(self, config: HttpBackendConfig) -> None:
         super().__init__(config)
