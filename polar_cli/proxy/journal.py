@@ -2,10 +2,12 @@
 
 Guarantees (see docs/proxy.md, "Journal"):
 
-- The proxy appends with ``append_async``: the record is serialized on the event loop, then written and flushed in a
-  worker thread, and the answer goes to the harness only once the OS has the line. Appends of one journal are written
-  one at a time, in call order. Flushing hands the line to the OS: it survives a crash of the proxy process, not a
-  power loss (no fsync per call).
+- The proxy appends with ``append_async``: the record is serialized on the event loop, then written and flushed, and
+  the answer goes to the harness only once the OS has the line. A line of up to :data:`INLINE_BYTES` is written on
+  the event loop when nothing else is being written (handing it to a thread costs more than the write); a larger one,
+  or any while another write is under way, is written in a worker thread. Appends of one journal are written one at
+  a time, in call order. Flushing hands the line to the OS: it survives a crash of the proxy process, not a power
+  loss (no fsync per call).
 - A write that fails part-way is cut back off, so the next line never glues onto a partial one.
 - Opening a journal repairs a torn last line (a crash or power loss during a write): every complete line stays, the
   torn bytes move to ``<session>.jsonl.torn-<n>`` and a warning is logged. A complete record that only lost its
@@ -24,7 +26,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import orjson
 from pydantic import ValidationError
@@ -33,6 +35,11 @@ from polar_cli.errors import ProxyError
 from polar_cli.models import Completion
 
 log = logging.getLogger("polar.proxy.journal")
+
+INLINE_BYTES = 128 * 1024
+"""The largest line written on the event loop (when no other write is under way): a page-cache write of this size
+takes tens of microseconds, a worker thread's round trip 0.1-0.2 ms. A 32K-token call's record (~0.5 MB) goes to a
+thread."""
 
 # the head of every record the proxy writes (capture.completion_record's key order): read the index without parsing
 _HEAD = re.compile(rb'\{"completion_id":"[^"\\]*","session_id":"[^"\\]*","index":(\d+),')
@@ -140,9 +147,14 @@ class Journal:
     """An append-only JSONL file. ``append_async`` writes and flushes one line (the OS has it before the answer goes
     out). Opening it repairs a torn last line and finds the next free index."""
 
+    _threaded: ClassVar[int] = 0
+    """Writes under way in worker threads, over every journal of the process: while one is (a slow disk, a big line),
+    small lines go to threads too, so the event loop never waits on the disk behind it."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock: asyncio.Lock | None = None  # created on first async use, inside the event loop
+        self._queued = 0  # appends of this journal waiting for or holding the lock
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
@@ -168,13 +180,24 @@ class Journal:
         return highest + 1
 
     async def append_async(self, record: dict[str, Any]) -> int:
-        """Append one record: written and flushed in a worker thread; returns (its size in bytes) once the OS has the
-        line."""
+        """Append one record: written and flushed (on the event loop when small and nothing else is being written,
+        else in a worker thread); returns (its size in bytes) once the OS has the line."""
         line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        if len(line) <= INLINE_BYTES and not self._queued and not Journal._threaded:
+            self._write(line)  # nothing of this journal is queued: call order is kept
+            return len(line)
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:  # FIFO: lines land in the order append_async was called
-            await asyncio.to_thread(self._write, line)
+        self._queued += 1
+        try:
+            async with self._lock:  # FIFO: lines land in the order append_async was called
+                Journal._threaded += 1
+                try:
+                    await asyncio.to_thread(self._write, line)
+                finally:
+                    Journal._threaded -= 1
+        finally:
+            self._queued -= 1
         return len(line)
 
     async def aclose(self) -> None:

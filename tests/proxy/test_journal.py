@@ -3,6 +3,7 @@ repaired; one bad line never makes a session unreadable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -14,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy.journal import INLINE_BYTES, Journal, read_journal, read_raw
 
 from .conftest import LoopThread, ProxySession, RunningProxy
 from .upstream import Upstream, vllm_answer
@@ -229,3 +230,26 @@ async def _tick() -> None:
     import asyncio
 
     await asyncio.sleep(0.01)
+
+
+def test_a_small_line_is_written_without_a_thread_and_every_line_keeps_call_order(tmp_path: Path) -> None:
+    """A small line, with nothing else being written, is on disk before ``append_async`` first yields (a worker
+    thread's round trip costs more than the write); big lines go to a thread, and small ones queued behind them wait
+    their turn."""
+    journal = Journal(tmp_path / "s.jsonl")
+
+    def record(index: int, pad: str = "") -> dict[str, Any]:
+        return {"completion_id": f"s-{index}", "session_id": "s", "index": index, "pad": pad}
+
+    step = journal.append_async(record(0))
+    with pytest.raises(StopIteration):
+        step.send(None)  # finished without suspending
+    assert [orjson.loads(line)["index"] for line in journal.read_raw()] == [0]
+
+    async def mixed() -> None:
+        big = "x" * (INLINE_BYTES + 1)
+        await asyncio.gather(*(journal.append_async(record(i, big if i % 3 == 1 else "")) for i in range(1, 10)))
+        await journal.aclose()
+
+    asyncio.run(mixed())
+    assert [orjson.loads(line)["index"] for line in read_raw(journal.path)] == list(range(10))
