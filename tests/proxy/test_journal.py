@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from polar_cli.proxy import journal as journal_module
 from polar_cli.proxy.journal import INLINE_BYTES, Journal, read_journal, read_raw
 
 from .conftest import LoopThread, ProxySession, RunningProxy
@@ -253,3 +255,31 @@ def test_a_small_line_is_written_without_a_thread_and_every_line_keeps_call_orde
 
     asyncio.run(mixed())
     assert [orjson.loads(line)["index"] for line in read_raw(journal.path)] == list(range(10))
+
+
+def test_after_a_slow_write_on_the_loop_writes_go_to_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk under writeback pressure stalls a write on the event loop once, not every session's every call."""
+    monkeypatch.setattr(journal_module, "SLOW_WRITE_S", 0.0)  # every write counts as slow
+    monkeypatch.setattr(Journal, "_offload_until", 0.0)  # and is forgotten after this test
+    journal = Journal(tmp_path / "s.jsonl")
+    first = journal.append_async({"completion_id": "s-0", "session_id": "s", "index": 0})
+    with caplog.at_level(logging.WARNING, "polar.proxy.journal"), pytest.raises(StopIteration):
+        first.send(None)  # written on the loop, and found slow
+    assert "writing in worker threads" in caplog.text
+    write, threads = journal._write, []
+
+    def spy(line: bytes) -> None:
+        threads.append(threading.current_thread())
+        write(line)
+
+    monkeypatch.setattr(journal, "_write", spy)
+
+    async def in_a_thread() -> None:
+        assert await journal.append_async({"completion_id": "s-1", "session_id": "s", "index": 1}) > 0
+        await journal.aclose()
+
+    asyncio.run(in_a_thread())
+    assert threads and threads[0] is not threading.main_thread()
+    assert [orjson.loads(line)["index"] for line in read_raw(journal.path)] == [0, 1]
