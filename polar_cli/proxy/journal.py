@@ -42,8 +42,9 @@ INLINE_BYTES = 1 << 20
 """The largest line written on the event loop (when no other write is under way): a page-cache write of a 32K-token
 call's record (~0.5 MB) takes about 0.1 ms, as long as a worker thread's round trip, which on a busy machine can take
 far longer (the thread has to be scheduled)."""
-SLOW_WRITE_S = 0.005
-"""A write on the event loop that took longer than this sends the writes of the next OFFLOAD_S seconds to threads."""
+SLOW_WRITE_S = 0.05
+"""A write on the event loop that took longer than this sends the writes of the next OFFLOAD_S seconds to threads.
+Writeback throttling stalls a write for tens to hundreds of milliseconds; a busy CPU preempts one for a few."""
 OFFLOAD_S = 10.0
 
 # the head of every record the proxy writes (capture.completion_record's key order): read the index without parsing
