@@ -61,10 +61,13 @@ async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) 
             if cut < 0:
                 searched = max(0, len(buffer) - 1)
                 break
-            frame = bytes(buffer[:cut])
+            with memoryview(buffer) as view:
+                frame = bytes(view[:cut])  # one copy (a slice of the bytearray would be a second)
             del buffer[: cut + 2]
             searched = 0
-            for line in frame.splitlines():
+            # a frame is one data: line, as vLLM sends it: splitlines would walk its 200 KB byte by byte
+            lines = frame.splitlines() if b"\n" in frame or b"\r" in frame else (frame,)
+            for line in lines:
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()

@@ -171,6 +171,15 @@ def test_vllms_streamed_prompt_ids_are_kept_as_text_and_checked_without_being_pa
     assert ids._list is None  # never parsed into ints
 
 
+def test_a_frame_of_several_lines_still_yields_its_data_lines() -> None:
+    raw = b': keep-alive\n\nevent: chunk\ndata: {"a":1}\r\n\nid: 7\ndata: {"b":2}\n\ndata: [DONE]\n\n'
+
+    async def read() -> list[dict[str, Any]]:
+        return [c async for c in sse_chunks(_Pieces(raw, [5, 1]))]
+
+    assert asyncio.run(read()) == [{"a": 1}, {"b": 2}]
+
+
 @pytest.mark.parametrize("bad", ["not_ints", "miscounted"])
 def test_a_stream_with_invalid_prompt_ids_ends_in_an_error_event_and_journals_nothing(
     start_proxy: Callable[..., RunningProxy], upstream: Upstream, bad: str
