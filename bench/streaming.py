@@ -74,6 +74,10 @@ def fake_vllm(tokens: int, rate: float, prompt_tokens: int = PROMPT_TOKENS) -> w
             choice = {"index": 0, "delta": {"content": "" if last else f"{WORD} "}, "logprobs": {"content": [entry]},
                       "finish_reason": "stop" if last else None, "token_ids": [100 + n]}  # fmt: skip
             await resp.write(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM does (the proxy asks for it)
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens,
+                     "total_tokens": len(prompt_ids) + tokens}  # fmt: skip
+            await resp.write(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
