@@ -7,7 +7,8 @@ non-negative ints, and the text itself, which goes verbatim into the journal (``
 - :func:`split_prompt_ids` cuts the top-level ``prompt_token_ids`` array out of a body without parsing it;
 - :func:`loads_keeping_prompt_ids` parses the rest and puts the ids back as a :class:`JsonTokenIds`;
 - :func:`json_ids_count` and :func:`json_ids_ok` count and check the text as bytes (one C pass, remembered on the
-  object): a stream counts its prompt at the start and checks it at the end without a second pass.
+  object) against the server's own count: a stream counts its prompt at the start and checks it at the end, once
+  the usage chunk has said how many ids it sent, without a second pass.
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def json_ids_ok(ids: JsonTokenIds) -> bool:
     """The text is a JSON array of non-negative ints. The verdict is kept on ``ids`` (checked once), and a count
     that was unknown (``length`` -1) is set from the text.
 
-    Fast path (what vLLM sends, ``[1,2,3]``): one C pass that must leave ``[,,,]``. With a known count (the server's
-    ``usage.prompt_tokens``) the commas must be one fewer, and the digits are trusted to be that many ids (a server
-    that sent ``[1,,2]`` with a count of 3 is not caught here; a reader then skips that line, with a warning). Without
-    one, no element may be empty or have a leading zero (two more passes). Anything else (whitespace) is parsed."""
+    With the server's count (vLLM's ``usage.prompt_tokens``, in every answer and at the end of every stream the proxy
+    asks for): one C pass that must leave ``[,,,]``, with one comma fewer than that count; the digits between are
+    trusted to be that many ids (a server that sent ``[1,,2]`` with a count of 3 is not caught here: a reader skips
+    that line, with a warning). Without a count, or for any other text (whitespace), the ids are parsed."""
     if ids.checked is None:
         ids.checked = _check(ids)
     return ids.checked
@@ -100,32 +101,17 @@ def _commas(ids: JsonTokenIds) -> int:
     return ids.commas
 
 
-def _leading_zero(raw: bytes) -> bool:
-    """An element of a plain ``[1,2,3]`` text starts with 0 and goes on with a digit (``01``: not JSON)."""
-    at = 0 if raw[1:2] == b"0" else raw.find(b",0")
-    while at >= 0:
-        if raw[at + 2 : at + 3].isdigit():
-            return True
-        at = raw.find(b",0", at + 2)
-    return False
-
-
 def _check(ids: JsonTokenIds) -> bool:
-    raw = ids.raw
-    if raw == b"[]":
+    if ids.raw == b"[]":
         if ids.length < 0:
             ids.length = 0
         return ids.length == 0
-    commas = _commas(ids)
-    if commas >= 0:
-        if ids.length >= 0:
+    if ids.length >= 0:
+        commas = _commas(ids)
+        if commas >= 0:
             return commas == ids.length - 1
-        if b",," in raw or _leading_zero(raw):
-            return False
-        ids.length = commas + 1
-        return True
-    try:
-        values = orjson.loads(raw)
+    try:  # no count to hold the text to: only a parse tells empty elements, leading zeros and huge numbers apart
+        values = orjson.loads(ids.raw)
     except orjson.JSONDecodeError:
         return False
     if not (isinstance(values, list) and all(type(i) is int and i >= 0 for i in values)):

@@ -38,6 +38,8 @@ def test_a_top_level_array_comes_back_as_text_and_anything_else_is_parsed() -> N
         (b"[01,2]", -1, False),
         (b"[1,02]", -1, False),
         (b"[0,10,0]", -1, True),
+        (b"[1" + b"0" * 400 + b"]", -1, False),  # not an int once read
+        (b"[20000000000000000000]", -1, False),
         (b"[,1]", -1, False),
         (b"[1,]", -1, False),
         (b"[1,-2]", -1, False),
@@ -87,8 +89,8 @@ def test_every_list_of_ids_round_trips(values: list[int]) -> None:
     )
 )
 def test_nothing_is_accepted_that_would_not_read_back_as_ids(raw: bytes) -> None:
-    """Without the server's count (a stream, or an answer without usage): with one, the count is checked, not each
-    element (polar_cli.proxy.token_json.json_ids_ok)."""
+    """Without the server's count (an answer without usage): with one, the count is checked, not each element
+    (polar_cli.proxy.token_json.json_ids_ok)."""
     ids = JsonTokenIds(raw)
     if json_ids_ok(ids):
         values: Any = orjson.loads(raw)
