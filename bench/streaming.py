@@ -10,7 +10,12 @@ them would charge the proxy's work to the backend's schedule). Each protocol's s
 ``time_starttransfer``: the proxy answers 200 once the upstream's first chunk is in), TTFT (the first byte of the
 first token's text) and total time, each beside direct vLLM's: ms added, and total time in % of direct.
 
-    python bench/streaming.py [--tokens 64] [--rate 100] [--requests 5]
+``--prompt-tokens`` sets how many prompt ids the first chunk (and a whole answer) carries, as a real vLLM sends them
+(32768 for a 32K prompt: ~200 KB of JSON in one chunk); ``--concurrency`` sends that many requests at once per round
+(each timed on its own), so the proxy relays that many streams side by side.
+
+    python bench/streaming.py [--tokens 64] [--rate 100] [--requests 5] [--prompt-tokens 512] [--concurrency 1]
+        [--protocols openai_chat anthropic]
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ from proxy_overhead import free_port  # bench/ is on sys.path when a script here
 from polar_cli.proxy import ProxyConfig, create_proxy_app
 from polar_cli.web.parser_errors import app_runner
 
-PROMPT_IDS = list(range(1, 513))
+PROMPT_TOKENS = 512
+PROTOCOLS = ["openai_chat", "openai_responses", "anthropic", "google"]
 WORD = "Zq"  # every sampled token's text: its first appearance in a body is the first token (TTFT)
 
 
-def fake_vllm(tokens: int, rate: float) -> web.Application:
+def fake_vllm(tokens: int, rate: float, prompt_tokens: int = PROMPT_TOKENS) -> web.Application:
+    prompt_ids = [(i * 7919) % 150000 for i in range(prompt_tokens)]  # ids of a real vocabulary's sizes
+
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": "bench"}
@@ -50,11 +58,11 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
             message = {"role": "assistant", "content": f"{WORD} " * (tokens - 1)}
             choice = {"index": 0, "message": message, "logprobs": {"content": [entry] * tokens},
                       "finish_reason": "stop", "token_ids": [100 + n for n in range(tokens)]}  # fmt: skip
-            answer = {**head, "object": "chat.completion", "prompt_token_ids": PROMPT_IDS, "choices": [choice]}
+            answer = {**head, "object": "chat.completion", "prompt_token_ids": prompt_ids, "choices": [choice]}
             return web.json_response(answer)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        first = {**head, "prompt_token_ids": PROMPT_IDS, "choices": [{"index": 0, "delta": {"role": "assistant",
+        first = {**head, "prompt_token_ids": prompt_ids, "choices": [{"index": 0, "delta": {"role": "assistant",
                  "content": ""}, "logprobs": None, "finish_reason": None, "token_ids": []}]}  # fmt: skip
         await resp.write(b"data: " + orjson.dumps(first) + b"\n\n")
         loop = asyncio.get_running_loop()
@@ -66,6 +74,10 @@ def fake_vllm(tokens: int, rate: float) -> web.Application:
             choice = {"index": 0, "delta": {"content": "" if last else f"{WORD} "}, "logprobs": {"content": [entry]},
                       "finish_reason": "stop" if last else None, "token_ids": [100 + n]}  # fmt: skip
             await resp.write(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM does (the proxy asks for it)
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens,
+                     "total_tokens": len(prompt_ids) + tokens}  # fmt: skip
+            await resp.write(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -150,18 +162,32 @@ def _start(factory: Callable[[], web.Application]) -> tuple[str, multiprocessing
     raise RuntimeError(f"{url} did not start")
 
 
-async def main(tokens: int, rate: float, requests: int) -> None:
+async def rounds(
+    http: aiohttp.ClientSession,
+    call: tuple[str, dict[str, str], dict[str, Any]],
+    requests: int,
+    concurrency: int,
+) -> list[tuple[float, float, float]]:
+    """``requests`` rounds of ``concurrency`` requests sent at once, after one warm-up round: every request's times."""
+    await asyncio.gather(*(timed(http, *call) for _ in range(concurrency)))
+    out: list[tuple[float, float, float]] = []
+    for _ in range(requests):
+        out += await asyncio.gather(*(timed(http, *call) for _ in range(concurrency)))
+    return out
+
+
+async def main(
+    tokens: int, rate: float, requests: int, prompt_tokens: int, concurrency: int, protocols: list[str]
+) -> None:
     processes = []
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     try:
-        upstream, process = _start(functools.partial(fake_vllm, tokens, rate))
+        upstream, process = _start(functools.partial(fake_vllm, tokens, rate, prompt_tokens))
         processes.append(process)
         with tempfile.TemporaryDirectory() as journal:
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
                 direct = (f"{upstream}/v1/chat/completions", {}, {"model": "bench", "stream": True, "messages": []})
-                await timed(http, *direct)  # warm-up
-                for _ in range(requests):
-                    results.setdefault(("direct vLLM", "openai_chat"), []).append(await timed(http, *direct))
+                results[("direct vLLM", "openai_chat")] = await rounds(http, direct, requests, concurrency)
                 for mode in ("passthrough", "synthetic"):
                     config = ProxyConfig(backend="vllm", backend_url=upstream, model="bench", stream_mode=mode,
                                          journal_dir=Path(journal) / mode, control_token="bench")  # fmt: skip
@@ -172,21 +198,28 @@ async def main(tokens: int, rate: float, requests: int) -> None:
                         session = await resp.json()
                     prefix = f"{base}/s/{session['session_id']}"
                     for provider, call in requests_for(prefix, session["api_key"]).items():
-                        await timed(http, *call)  # warm-up
-                        for _ in range(requests):
-                            results.setdefault((f"proxy {mode}", provider), []).append(await timed(http, *call))
+                        if provider in protocols:
+                            results[(f"proxy {mode}", provider)] = await rounds(http, call, requests, concurrency)
     finally:
         for process in processes:
             process.terminate()
             process.join(10)
-    report(results, tokens, rate, requests)
+    report(results, tokens, rate, requests * concurrency, prompt_tokens, concurrency)
 
 
-def report(results: dict[tuple[str, str], list[tuple[float, float, float]]], tokens: int, rate: float, n: int) -> None:
+def report(
+    results: dict[tuple[str, str], list[tuple[float, float, float]]],
+    tokens: int,
+    rate: float,
+    n: int,
+    prompt_tokens: int,
+    concurrency: int,
+) -> None:
     medians = {key: [statistics.median(s[k] for s in v) * 1000 for k in range(3)] for key, v in results.items()}
     ttfb0, ttft0, total0 = medians[("direct vLLM", "openai_chat")]
-    print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms); median of {n}; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{tokens} tokens at {rate:g} tokens/s (sampling alone: {tokens / rate * 1000:.0f} ms), {prompt_tokens} "
+          f"prompt ids, concurrency {concurrency}; median of {n}; {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("TTFB: the response's first byte; TTFT: the first byte of the first token's text; +: added to direct vLLM's")
     print(f"{'path':<18} {'protocol':<17} {'TTFB ms':>8} {'+TTFB':>7} {'TTFT ms':>8} {'+TTFT':>7} {'total ms':>9} "
           f"{'total/direct':>12}")  # fmt: skip
@@ -199,6 +232,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=100.0)
-    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=5, help="rounds of --concurrency requests each")
+    parser.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
     args = parser.parse_args()
-    asyncio.run(main(args.tokens, args.rate, args.requests))
+    asyncio.run(main(args.tokens, args.rate, args.requests, args.prompt_tokens, args.concurrency, args.protocols))

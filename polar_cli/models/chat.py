@@ -131,11 +131,15 @@ class JsonTokenIds(Sequence[int]):
     path and writes the text verbatim into the journal (``orjson.Fragment``). The values are parsed on first use.
     """
 
-    __slots__ = ("_list", "length", "raw")
+    __slots__ = ("_list", "checked", "commas", "length", "raw")
 
     def __init__(self, raw: bytes, length: int = -1) -> None:
         self.raw = raw
         self.length = length
+        # polar_cli.proxy.token_json's scan: the commas of a plain ``[1,2,3]`` text (-1: not that shape) and the
+        # verdict of json_ids_ok, once each has looked
+        self.commas: int | None = None
+        self.checked: bool | None = None
         self._list: list[int] | None = None
 
     def count_commas(self) -> int:

@@ -4,7 +4,7 @@
 token ids that are ints, logprobs that are finite floats one per response token, and a message that is an object. An
 answer that fails it is a BackendError (502): the harness gets a provider-shaped error and nothing is journaled, so
 a journal never holds a line its readers would reject. The checks are linear scans in C or over the (short) response;
-the prompt ids vLLM sends as JSON text are checked as bytes, never parsed.
+the prompt ids vLLM sends as JSON text are checked as bytes, never parsed (:mod:`polar_cli.proxy.token_json`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import orjson
 from polar_cli.errors import BackendError
 from polar_cli.models import Provider
 from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, StreamMode
+from polar_cli.proxy.token_json import json_ids_ok
 
 Delivery = Literal["answered", "client_gone", "aborted"]
 """``answered``: the line was flushed, then the answer was handed to the client's connection. ``client_gone``: the
@@ -24,30 +25,9 @@ backend's answer was complete, but the client had disconnected before it could b
 stream's client disconnected mid-answer, the upstream was stopped, and the record holds what was sampled until then
 (finish_reason ``abort``: not training data)."""
 
-_DIGITS = b"0123456789"
-
 
 def _bad(what: str) -> BackendError:
     return BackendError(f"the backend answered invalid token data: {what}; the call was not recorded")
-
-
-def _json_ids_ok(ids: JsonTokenIds) -> bool:
-    """The JSON text is an array of non-negative ints. Fast path (what vLLM sends, ``[1,2,3]``): one C pass that
-    must leave ``[,,,]``, with as many commas as the server's ``usage.prompt_tokens`` says (ids - 1), which rules out
-    empty elements; anything else (whitespace, no usage) is parsed."""
-    raw = ids.raw
-    if raw == b"[]":
-        return True
-    rest = raw.translate(None, _DIGITS)  # about as costly as counting the commas once
-    commas = len(rest) - 2
-    if rest[:1] == b"[" and rest[-1:] == b"]" and rest.count(b",") == commas and raw[1:2] != b"," != raw[-2:-1]:
-        if ids.length >= 0:
-            return commas == ids.length - 1
-        return b",," not in raw
-    try:
-        return _ids_ok(orjson.loads(raw))
-    except orjson.JSONDecodeError:
-        return False
 
 
 def _ids_ok(ids: Any) -> bool:
@@ -58,7 +38,7 @@ def check_generation(generation: Generation) -> None:
     """BackendError (502) unless the generation's token data can be journaled and read back as a Completion."""
     prompt = generation.prompt_ids
     if isinstance(prompt, JsonTokenIds):
-        if not _json_ids_ok(prompt):
+        if not json_ids_ok(prompt):
             raise _bad("prompt_ids is not a JSON array of token ids")
     elif not _ids_ok(prompt):
         raise _bad("prompt_ids must be a list of non-negative ints")

@@ -2,10 +2,13 @@
 
 Guarantees (see docs/proxy.md, "Journal"):
 
-- The proxy appends with ``append_async``: the record is serialized on the event loop, then written and flushed in a
-  worker thread, and the answer goes to the harness only once the OS has the line. Appends of one journal are written
-  one at a time, in call order. Flushing hands the line to the OS: it survives a crash of the proxy process, not a
-  power loss (no fsync per call).
+- The proxy appends with ``append_async``: the record is serialized on the event loop, then written and flushed, and
+  the answer goes to the harness only once the OS has the line. A line of up to :data:`INLINE_BYTES` is written on
+  the event loop when nothing else is being written (handing it to a thread costs more than the write); a larger one,
+  any while another write is under way, and every line for :data:`OFFLOAD_S` after a write on the loop took over
+  :data:`SLOW_WRITE_S` (a disk under writeback pressure must not stall every session) is written in a worker thread.
+  Appends of one journal are written one at a time, in call order. Flushing hands the line to the OS: it survives a
+  crash of the proxy process, not a power loss (no fsync per call).
 - A write that fails part-way is cut back off, so the next line never glues onto a partial one.
 - Opening a journal repairs a torn last line (a crash or power loss during a write): every complete line stays, the
   torn bytes move to ``<session>.jsonl.torn-<n>`` and a warning is logged. A complete record that only lost its
@@ -22,9 +25,10 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import orjson
 from pydantic import ValidationError
@@ -33,6 +37,15 @@ from polar_cli.errors import ProxyError
 from polar_cli.models import Completion
 
 log = logging.getLogger("polar.proxy.journal")
+
+INLINE_BYTES = 1 << 20
+"""The largest line written on the event loop (when no other write is under way): a page-cache write of a 32K-token
+call's record (~0.5 MB) takes about 0.1 ms, as long as a worker thread's round trip, which on a busy machine can take
+far longer (the thread has to be scheduled)."""
+SLOW_WRITE_S = 0.05
+"""A write on the event loop that took longer than this sends the writes of the next OFFLOAD_S seconds to threads.
+Writeback throttling stalls a write for tens to hundreds of milliseconds; a busy CPU preempts one for a few."""
+OFFLOAD_S = 10.0
 
 # the head of every record the proxy writes (capture.completion_record's key order): read the index without parsing
 _HEAD = re.compile(rb'\{"completion_id":"[^"\\]*","session_id":"[^"\\]*","index":(\d+),')
@@ -140,9 +153,16 @@ class Journal:
     """An append-only JSONL file. ``append_async`` writes and flushes one line (the OS has it before the answer goes
     out). Opening it repairs a torn last line and finds the next free index."""
 
+    _threaded: ClassVar[int] = 0
+    """Writes under way in worker threads, over every journal of the process: while one is (a slow disk, a big line),
+    small lines go to threads too, so the event loop never waits on the disk behind it."""
+    _offload_until: ClassVar[float] = 0.0
+    """Until this ``time.monotonic()``, every write goes to a thread: a write on the loop was slow (SLOW_WRITE_S)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock: asyncio.Lock | None = None  # created on first async use, inside the event loop
+        self._queued = 0  # appends of this journal waiting for or holding the lock
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
@@ -168,13 +188,31 @@ class Journal:
         return highest + 1
 
     async def append_async(self, record: dict[str, Any]) -> int:
-        """Append one record: written and flushed in a worker thread; returns (its size in bytes) once the OS has the
-        line."""
+        """Append one record: written and flushed (on the event loop when small and nothing else is being written,
+        else in a worker thread); returns (its size in bytes) once the OS has the line."""
         line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        if len(line) <= INLINE_BYTES and not self._queued and not Journal._threaded:
+            began = time.monotonic()
+            if began >= Journal._offload_until:
+                self._write(line)  # nothing of this journal is queued: call order is kept
+                took = time.monotonic() - began
+                if took > SLOW_WRITE_S:
+                    Journal._offload_until = began + took + OFFLOAD_S
+                    log.warning("journal %s: a %d-byte write took %.0f ms; writing in worker threads for %g s",
+                                self.path, len(line), took * 1000, OFFLOAD_S)  # fmt: skip
+                return len(line)
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:  # FIFO: lines land in the order append_async was called
-            await asyncio.to_thread(self._write, line)
+        self._queued += 1
+        try:
+            async with self._lock:  # FIFO: lines land in the order append_async was called
+                Journal._threaded += 1
+                try:
+                    await asyncio.to_thread(self._write, line)
+                finally:
+                    Journal._threaded -= 1
+        finally:
+            self._queued -= 1
         return len(line)
 
     async def aclose(self) -> None:

@@ -29,10 +29,11 @@ import orjson
 from aiohttp import web
 
 from polar_cli.errors import BackendError
-from polar_cli.models.chat import ChatRequest, Generation, StreamDelta, StreamStart, UpstreamStream
+from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, StreamDelta, StreamStart, UpstreamStream
 from polar_cli.models.completion import ABORTED
 from polar_cli.proxy.capture import Delivery, check_generation
 from polar_cli.proxy.codecs.base import Codec, StreamEncoder
+from polar_cli.proxy.token_json import json_ids_count
 from polar_cli.web.disconnect import client_gone, client_left
 
 log = logging.getLogger("polar.proxy.streaming")
@@ -46,25 +47,34 @@ class UpstreamStreamError(BackendError):
     """The upstream stream broke after it started."""
 
 
-async def sse_chunks(content: Any) -> AsyncIterator[dict[str, Any]]:
+async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of an OpenAI-style SSE body (``data: {...}`` frames up to ``data: [DONE]``), read in
-    pieces of any size (vLLM's first chunk carries the whole prompt's ids: no line-length limit applies)."""
-    buffer = b""
+    pieces of any size (vLLM's first chunk carries the whole prompt's ids: no line-length limit applies). ``load``
+    parses one chunk's JSON (vLLM's keeps the prompt ids as text: :func:`~polar_cli.proxy.token_json.
+    loads_keeping_prompt_ids`). A frame that comes in many pieces is searched once, not once per piece."""
+    buffer = bytearray()
+    searched = 0  # the buffer before this holds no frame end
     async for piece in content.iter_any():
         buffer += piece
         while True:
-            cut = buffer.find(b"\n\n")
+            cut = buffer.find(b"\n\n", searched)
             if cut < 0:
+                searched = max(0, len(buffer) - 1)
                 break
-            frame, buffer = buffer[:cut], buffer[cut + 2 :]
-            for line in frame.splitlines():
+            with memoryview(buffer) as view:
+                frame = bytes(view[:cut])  # one copy (a slice of the bytearray would be a second)
+            del buffer[: cut + 2]
+            searched = 0
+            # a frame is one data: line, as vLLM sends it: splitlines would walk its 200 KB byte by byte
+            lines = frame.splitlines() if b"\n" in frame or b"\r" in frame else (frame,)
+            for line in lines:
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     return
                 try:
-                    chunk = orjson.loads(data)
+                    chunk = load(data)
                 except orjson.JSONDecodeError as exc:
                     raise UpstreamStreamError(f"the backend streamed a chunk that is not JSON: {data[:200]!r}") from exc
                 if not isinstance(chunk, dict):
@@ -83,7 +93,7 @@ class StreamAssembler:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.start: StreamStart | None = None
-        self.prompt_ids: list[int] | None = None
+        self.prompt_ids: list[int] | JsonTokenIds | None = None
         self.response_ids: list[int] = []
         self.logprobs: list[dict[str, Any]] = []
         self.content: list[str] = []
@@ -95,16 +105,22 @@ class StreamAssembler:
     def feed(self, chunk: dict[str, Any]) -> tuple[StreamStart | None, StreamDelta]:
         """Take one chunk; returns the stream's start (on the first chunk only) and the piece to send."""
         opened = None
-        if chunk.get("prompt_token_ids") is not None:
-            self.prompt_ids = chunk["prompt_token_ids"]
+        prompt = chunk.get("prompt_token_ids")
+        if prompt is not None:
+            self.prompt_ids = prompt
         if self.start is None:
             self.start = StreamStart(
                 id=str(chunk.get("id") or ""),
                 created=int(chunk.get("created") or time.time()),
                 model=str(chunk.get("model") or ""),
-                prompt_tokens=len(self.prompt_ids or ()),
+                prompt_tokens=json_ids_count(prompt) if isinstance(prompt, JsonTokenIds) else len(prompt or ()),
             )
             opened = self.start
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(self.prompt_ids, JsonTokenIds):
+            reported = usage.get("prompt_tokens")
+            if type(reported) is int and self.prompt_ids.length < 0:
+                self.prompt_ids.length = reported  # vLLM's count of the ids it sent: the end's check compares
         delta = StreamDelta()
         choices = chunk.get("choices") or []
         if not choices:

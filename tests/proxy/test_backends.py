@@ -273,7 +273,7 @@ def test_scripted_backend_tokens(loop_thread: LoopThread, demo_tokenizer: Path) 
     ],
 )
 def test_vllm_prompt_ids_are_cut_out_without_parsing(raw: bytes, expected: list[int]) -> None:
-    from polar_cli.proxy.backends.vllm import split_prompt_ids
+    from polar_cli.proxy.token_json import split_prompt_ids
 
     split = split_prompt_ids(raw)
     assert split is not None

@@ -3,9 +3,11 @@ repaired; one bad line never makes a session unreadable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from polar_cli.proxy.journal import read_journal
+from polar_cli.proxy import journal as journal_module
+from polar_cli.proxy.journal import INLINE_BYTES, Journal, read_journal, read_raw
 
 from .conftest import LoopThread, ProxySession, RunningProxy
 from .upstream import Upstream, vllm_answer
@@ -229,3 +232,54 @@ async def _tick() -> None:
     import asyncio
 
     await asyncio.sleep(0.01)
+
+
+def test_a_small_line_is_written_without_a_thread_and_every_line_keeps_call_order(tmp_path: Path) -> None:
+    """A small line, with nothing else being written, is on disk before ``append_async`` first yields (a worker
+    thread's round trip costs more than the write); big lines go to a thread, and small ones queued behind them wait
+    their turn."""
+    journal = Journal(tmp_path / "s.jsonl")
+
+    def record(index: int, pad: str = "") -> dict[str, Any]:
+        return {"completion_id": f"s-{index}", "session_id": "s", "index": index, "pad": pad}
+
+    step = journal.append_async(record(0))
+    with pytest.raises(StopIteration):
+        step.send(None)  # finished without suspending
+    assert [orjson.loads(line)["index"] for line in journal.read_raw()] == [0]
+
+    async def mixed() -> None:
+        big = "x" * (INLINE_BYTES + 1)
+        await asyncio.gather(*(journal.append_async(record(i, big if i % 3 == 1 else "")) for i in range(1, 10)))
+        await journal.aclose()
+
+    asyncio.run(mixed())
+    assert [orjson.loads(line)["index"] for line in read_raw(journal.path)] == list(range(10))
+
+
+def test_after_a_slow_write_on_the_loop_writes_go_to_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk under writeback pressure stalls a write on the event loop once, not every session's every call."""
+    monkeypatch.setattr(journal_module, "SLOW_WRITE_S", 0.0)  # every write counts as slow
+    monkeypatch.setattr(Journal, "_offload_until", 0.0)  # and is forgotten after this test
+    journal = Journal(tmp_path / "s.jsonl")
+    first = journal.append_async({"completion_id": "s-0", "session_id": "s", "index": 0})
+    with caplog.at_level(logging.WARNING, "polar.proxy.journal"), pytest.raises(StopIteration):
+        first.send(None)  # written on the loop, and found slow
+    assert "writing in worker threads" in caplog.text
+    write, threads = journal._write, []
+
+    def spy(line: bytes) -> None:
+        threads.append(threading.current_thread())
+        write(line)
+
+    monkeypatch.setattr(journal, "_write", spy)
+
+    async def in_a_thread() -> None:
+        assert await journal.append_async({"completion_id": "s-1", "session_id": "s", "index": 1}) > 0
+        await journal.aclose()
+
+    asyncio.run(in_a_thread())
+    assert threads and threads[0] is not threading.main_thread()
+    assert [orjson.loads(line)["index"] for line in read_raw(journal.path)] == [0, 1]

@@ -20,13 +20,15 @@ from google.genai import types
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
-from polar_cli.models.chat import ChatRequest, Generation
+from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds
 from polar_cli.proxy.backends.scripted import ScriptedClient, stream_chunks
+from polar_cli.proxy.capture import check_generation
 from polar_cli.proxy.codecs import get_codec
-from polar_cli.proxy.streaming import StreamAssembler
+from polar_cli.proxy.streaming import StreamAssembler, sse_chunks
+from polar_cli.proxy.token_json import loads_keeping_prompt_ids
 
 from .conftest import LoopThread, ProxySession, RunningProxy, closing
-from .upstream import Upstream
+from .upstream import Upstream, vllm_chunks
 
 FAST_RETRY = {"attempts": 3, "base_delay_s": 0.001, "max_delay_s": 0.002}
 TOKEN_FIELDS = (
@@ -118,6 +120,89 @@ def test_an_upstream_failure_mid_stream_is_the_providers_error_event(
         list(stream)
     assert upstream.requests == 1  # bytes had reached the client: never retried behind its back
     assert session.completions() == []
+
+
+class _Pieces:
+    """An aiohttp body's ``iter_any`` that hands out ``raw`` in pieces of the given sizes, in turn."""
+
+    def __init__(self, raw: bytes, sizes: list[int]) -> None:
+        self.raw, self.sizes = raw, sizes
+
+    async def iter_any(self) -> Any:
+        at, n = 0, 0
+        while at < len(self.raw):
+            size = self.sizes[n % len(self.sizes)]
+            yield self.raw[at : at + size]
+            at, n = at + size, n + 1
+
+
+def _sse(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in chunks) + (
+        b"data: [DONE]\n\n"
+    )
+
+
+@pytest.mark.parametrize(("tokens", "sizes"), [(32768, [1 << 20]), (32768, [7, 1, 300]), (40, [1])])
+def test_vllms_streamed_prompt_ids_are_kept_as_text_and_checked_without_being_parsed(
+    tokens: int, sizes: list[int]
+) -> None:
+    """The first chunk's ~200 KB of prompt ids (32K tokens) cost a millisecond to parse, per stream: they are cut out
+    as text, counted and checked as bytes, and journaled verbatim; frames split anywhere reassemble the same."""
+    prompt = [(i * 7919) % 150000 for i in range(tokens)]
+    chunks = vllm_chunks("echo: hi", prompt)
+
+    async def read() -> list[dict[str, Any]]:
+        return [c async for c in sse_chunks(_Pieces(_sse(chunks), sizes), load=loads_keeping_prompt_ids)]
+
+    got = asyncio.run(read())
+    ids = got[0]["prompt_token_ids"]
+    assert isinstance(ids, JsonTokenIds) and ids.raw == json.dumps(prompt, separators=(",", ":")).encode()
+    assert [{k: v for k, v in c.items() if k != "prompt_token_ids"} for c in got] == [
+        {k: v for k, v in c.items() if k != "prompt_token_ids"} for c in chunks
+    ]
+    assembler = StreamAssembler("vllm")
+    opened, _ = assembler.feed(got[0])
+    assert opened is not None and opened.prompt_tokens == len(prompt)
+    for chunk in got[1:]:
+        assembler.feed(chunk)
+    generation = assembler.generation()
+    check_generation(generation)
+    assert generation.prompt_ids is ids and ids.length == len(prompt) and ids.checked
+    assert ids._list is None  # never parsed into ints
+
+
+def test_a_frame_of_several_lines_still_yields_its_data_lines() -> None:
+    raw = b': keep-alive\n\nevent: chunk\ndata: {"a":1}\r\n\nid: 7\ndata: {"b":2}\n\ndata: [DONE]\n\n'
+
+    async def read() -> list[dict[str, Any]]:
+        return [c async for c in sse_chunks(_Pieces(raw, [5, 1]))]
+
+    assert asyncio.run(read()) == [{"a": 1}, {"b": 2}]
+
+
+@pytest.mark.parametrize("bad", ["not_ints", "miscounted"])
+def test_a_stream_with_invalid_prompt_ids_ends_in_an_error_event_and_journals_nothing(
+    start_proxy: Callable[..., RunningProxy], upstream: Upstream, bad: str
+) -> None:
+    """The ids are checked as text at the stream's end: ints only, as many as the server's usage says."""
+    session = _proxy(start_proxy, upstream).new_session()
+    raw = _sse(vllm_chunks("echo: x", [1, 2, 3]))
+    if bad == "not_ints":
+        raw = raw.replace(b'"prompt_token_ids":[1,2,3]', b'"prompt_token_ids":[1,"a",3]')
+    else:
+        raw = raw.replace(b'"prompt_tokens":3', b'"prompt_tokens":4')
+    upstream.actions.append(("sse", [raw]))
+    stream = _client(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    with pytest.raises(openai.APIError, match="invalid token data"):
+        list(stream)
+    assert session.completions() == []
+    messages: Any = [{"role": "user", "content": "x"}]
+    after = _client(session).chat.completions.create(model="m", messages=messages, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in after if c.choices) == "echo: x"
+    [record] = session.completions()
+    assert record["prompt_ids"] == [1, 2, 3]
 
 
 def test_a_stream_cut_before_its_first_chunk_is_retried(

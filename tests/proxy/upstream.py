@@ -8,7 +8,8 @@ Each chat request takes the next queued action (default: a good answer):
 - ``"hang"``: never answers (until ``release()``, so servers shut down promptly);
 - streaming requests (``stream: true``) get vLLM's chunk format (``vllm_chunks``); ``"truncate"`` then cuts the
   connection before the first chunk, ``"break"`` after two chunks, ``"error_chunk"`` sends an error object after
-  two chunks, and ``token_delay_s`` spaces the token chunks out (a client can leave mid-answer).
+  two chunks, and ``token_delay_s`` spaces the token chunks out (a client can leave mid-answer);
+- ``("sse", frames)``: a streaming answer of exactly these bytes (each written as it is, in its own write).
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ class Upstream:
                 self._release = asyncio.Event()
             await self._release.wait()
             return web.json_response({"error": {"message": "released"}}, status=503)
+        if isinstance(action, tuple) and action[0] == "sse":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for frame in action[1]:
+                await resp.write(frame)
+            return resp
         if isinstance(action, tuple) and action[0] == "json":
             _, status, answer, headers = (*action, None)[:4]
             return web.json_response(answer, status=status, headers=headers)

@@ -25,6 +25,7 @@ from polar_cli.proxy.backends import vllm_tokens
 from polar_cli.proxy.backends.http import HttpBackendConfig, HttpChatClient, base_generation, upstream_error
 from polar_cli.proxy.retry import with_retries
 from polar_cli.proxy.streaming import UpstreamStreamError, sse_chunks
+from polar_cli.proxy.token_json import loads_keeping_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -41,33 +42,6 @@ def ties_output_layer(path: str) -> bool:
 
 _SWITCHES = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 _LOGPROBS_MODES: dict[str, LogprobsMode] = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
-
-
-_KEY = b'"prompt_token_ids":'
-_SPACE = b" \t\r\n"
-
-
-def split_prompt_ids(raw: bytes) -> tuple[bytes, JsonTokenIds] | None:
-    """Cut the top-level ``prompt_token_ids`` array out of a vLLM answer without parsing its ints.
-
-    A JSON string cannot contain an unescaped ``"`` so ``"prompt_token_ids":`` only matches a key; vLLM has it once.
-    Returns the answer with ``[]`` in its place and the ids as JSON text, or None to fall back to a full parse.
-    """
-    key = raw.find(_KEY)
-    if key < 0:
-        return None
-    start = key + len(_KEY)
-    while start < len(raw) and raw[start] in _SPACE:
-        start += 1
-    if raw[start : start + 1] != b"[":
-        return None
-    end = raw.find(b"]", start)
-    if end < 0:
-        return None
-    array = raw[start : end + 1]
-    if b"\n" in array or b"\r" in array:
-        return None  # would break a JSONL line when written verbatim
-    return raw[:start] + b"[]" + raw[end + 1 :], JsonTokenIds(array)
 
 
 class VllmStream:
@@ -202,7 +176,7 @@ class VllmClient(HttpChatClient):
                         raw = await response.read()
                         response.release()
                         raise upstream_error(self.name, response.status, raw, response.headers.get("Retry-After"))
-                    chunks = sse_chunks(response.content)
+                    chunks = sse_chunks(response.content, load=loads_keeping_prompt_ids)
                     try:  # a stream cut before its first chunk is as transient as a reset: tried again
                         first = await anext(chunks)
                     except (StopAsyncIteration, UpstreamStreamError, aiohttp.ClientPayloadError) as exc:
@@ -224,18 +198,16 @@ class VllmClient(HttpChatClient):
         )
 
     def load_answer(self, raw: bytes) -> Any:
-        split = split_prompt_ids(raw)
-        if split is None:
-            return orjson.loads(raw)
-        rest, ids = split
-        data = orjson.loads(rest)
+        data = loads_keeping_prompt_ids(raw)
+        ids = data.get("prompt_token_ids") if isinstance(data, dict) else None
+        if not isinstance(ids, JsonTokenIds):
+            return data
         usage = data.get("usage")
         reported = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         # vLLM's usage.prompt_tokens is len(prompt_token_ids); counting 32K commas costs ~0.1 ms, so count only
         # when the server did not report it
         if isinstance(reported, int):
             ids.length = reported
-        data["prompt_token_ids"] = ids
         return data
 
     def token_switches(self) -> dict[str, Any]:
