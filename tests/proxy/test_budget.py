@@ -8,10 +8,7 @@ the checks themselves, and a small configured budget on the in-process proxy."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ import pytest
 from polar_cli.errors import PromptTooLongError
 from polar_cli.proxy.budget import CHARS_PER_TOKEN, DEFAULT_PROMPT_TOKENS, IMAGE_CHARS, PromptBudget, text_chars
 from polar_cli.proxy.render import COUNT_CHUNK_CHARS, ChatRenderer, load_tokenizer
+from tests.support.proxy_process import start_proxy
 
 from .conftest import RunningProxy
 from .test_hardening import assert_error
@@ -47,15 +45,8 @@ class ProxyProcess:
     """``polar proxy`` in its own process (scripted backend, demo tokenizer), so its memory can be read."""
 
     def __init__(self, tokenizer: Path, journal: Path) -> None:
-        cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0", "--tokenizer", str(tokenizer),
-               "--journal", str(journal), "--control-token", TOKEN]  # fmt: skip
-        env = {**os.environ, "POLAR_LOAD_PLUGINS": ""}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = re.search(r"Polar proxy on (http://\S+)", line)
-        assert match, line
-        self.url = match.group(1)
+        self.proc, self.url = start_proxy(["--tokenizer", str(tokenizer), "--journal", str(journal),
+                                           "--control-token", TOKEN])  # fmt: skip
 
     def new_session(self, script: list[dict[str, Any]]) -> Session:
         resp = httpx.post(f"{self.url}/sessions", json={"script": script},

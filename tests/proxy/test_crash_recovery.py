@@ -3,11 +3,7 @@ client saw answered is in the journal exactly once, ids stay unique, and every s
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -17,6 +13,7 @@ import orjson
 import pytest
 
 from polar_cli.proxy.journal import read_journal
+from tests.support.proxy_process import start_proxy
 
 from .conftest import LoopThread
 from .upstream import Upstream
@@ -29,16 +26,10 @@ CLIENTS_PER_SESSION = 2
 
 class Proxy:
     def __init__(self, upstream: Upstream, journal: Path) -> None:
-        cmd = [sys.executable, "-m", "polar_cli", "proxy", "--port", "0", "--backend", "vllm",
-               "--backend-url", upstream.url, "--model", "served-model", "--journal", str(journal),
-               "--control-token", TOKEN]  # fmt: skip
-        env = {**os.environ, "POLAR_LOAD_PLUGINS": ""}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = re.search(r"Polar proxy on (http://\S+)", line)
-        assert match, line
-        self.url = match.group(1)
+        self.proc, self.url = start_proxy([
+            "--backend", "vllm", "--backend-url", upstream.url, "--model", "served-model", "--journal", str(journal),
+            "--control-token", TOKEN,
+        ])  # fmt: skip
 
     def open_sessions(self) -> dict[str, dict[str, str]]:
         """(Re-)create every session with its fixed id, as a restarted gateway would: id → {key, url}."""
