@@ -102,6 +102,9 @@ class _Replica:
     sessions: set[str] = field(default_factory=set)
     frozen: bool = False
     """Its server holds our calls with a keep-mode pause (to undo on resume)."""
+    chosen_at: int = 0
+    """When it was last given a new session (the pool's count of sessions placed): ties go to the longest unchosen,
+    so sessions that arrive one at a time still spread over the replicas."""
 
     def status(self) -> ReplicaStatus:
         return ReplicaStatus(url=self.url or "(in process)", state=self.state, in_flight=len(self.flights),
@@ -180,6 +183,7 @@ class InferencePool(BackendClient):
         self._watchers = 0
         """Pauses and drains waiting for calls to land: only then does a landing wake anyone."""
         self._affinity: dict[str, _Replica] = {}
+        self._placed = 0
         self._health: asyncio.Task[None] | None = None
         self._closed = False
         self.metrics: ProxyMetrics | None = None
@@ -515,13 +519,14 @@ class InferencePool(BackendClient):
 
     def _pick(self, session_id: str, failed: set[_Replica]) -> _Replica:
         """The session's replica while it is healthy; else the healthy replica with the fewest calls in flight (then
-        the fewest sessions); with none healthy, the one that failed least recently, to try anyway."""
+        the fewest sessions, then the longest unchosen); with none healthy, the one that failed least recently, to try
+        anyway."""
         pinned = self._affinity.get(session_id) if session_id else None
         if pinned is not None and pinned.state == "healthy" and pinned not in failed and pinned in self._replicas:
             return pinned
         healthy = [r for r in self._replicas if r.state == "healthy" and r not in failed]
         if healthy:
-            best = min(healthy, key=lambda r: (len(r.flights), len(r.sessions)))
+            best = min(healthy, key=lambda r: (len(r.flights), len(r.sessions), r.chosen_at))
         else:
             candidates = [r for r in self._replicas if r.state != "draining" and r not in failed] or [
                 r for r in self._replicas if r.state != "draining"]  # fmt: skip
@@ -533,6 +538,8 @@ class InferencePool(BackendClient):
                 pinned.sessions.discard(session_id)
             self._affinity[session_id] = best
             best.sessions.add(session_id)
+            self._placed += 1
+            best.chosen_at = self._placed
         return best
 
     async def _gate(self) -> None:

@@ -128,6 +128,27 @@ def test_sessions_spread_over_replicas_and_stay_on_theirs() -> None:
     run(test)
 
 
+def test_sessions_that_arrive_one_at_a_time_still_spread() -> None:
+    """Each session ends before the next starts (a loaded machine, short sessions): the replicas tie on calls in
+    flight and sessions held, and the tie goes to the one left unchosen longest, not always to the first."""
+
+    async def test() -> None:
+        a, b = await replicas(2)
+        pool = InferencePool(vllm, [a.url, b.url], config=FAST)
+        try:
+            used = []
+            for session in ("s1", "s2", "s3", "s4"):
+                used.append((await pool.generate(chat(), session_id=session)).replica)
+                await pool.close_session(session)
+            assert used == [a.url, b.url, a.url, b.url]
+        finally:
+            await pool.close()
+            await a.stop()
+            await b.stop()
+
+    run(test)
+
+
 def test_a_dead_replica_is_left_and_readmitted_when_it_answers() -> None:
     async def test() -> None:
         a, b = await replicas(2)

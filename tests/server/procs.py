@@ -62,7 +62,7 @@ class Serve:
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.err, env=env, cwd=cwd)
         self.info: dict[str, Any] = {}
 
-    async def ready(self, within: float = 60.0) -> dict[str, Any]:
+    async def ready(self, within: float = 180.0) -> dict[str, Any]:
         path = self.data_dir / "serve.json"
         end = time.monotonic() + within
         while True:
