@@ -21,6 +21,11 @@ array, no parquet, no compression; like export, it does not fsync. Both shapes r
 per trace make the traces/s target reachable. A size whose raw bytes would not fit the free space of ``--tmp`` is
 skipped, and says so.
 
+A third row, ``parquet``, is the format's own ceiling: the same token arrays, already in Arrow arrays, written by
+pyarrow's parquet writer with export's encoding (zstd, PLAIN token columns, no statistics) in export's batches and
+nothing else: no parsing, no traces, no card. Export's share of it is what Polar's own work costs; the parquet row's
+share of the raw write is what the format costs on this machine.
+
 Reported per row: traces/s, tokens/s, MiB written and MiB/s, peak RSS; the header has the CPUs and the load average.
 After each size's pair of rows, and again at the end, export's traces/s as a fraction of the raw write's (the goal:
 at least 50%). ``--fsync`` makes both rows flush what they wrote (each file's ``fsync``) before the clock stops: the
@@ -173,6 +178,44 @@ def one_raw_write(n: int, args: argparse.Namespace) -> dict[str, float]:
     return measured(n, tokens, seconds, size)
 
 
+def one_parquet(n: int, args: argparse.Namespace) -> dict[str, float]:
+    """The format's ceiling: ``n`` traces' token arrays as Arrow list arrays, written by pyarrow's parquet writer with
+    the traces config's options for those columns, in export's batches (``ShardedWriter``'s rows or tokens)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from polar_cli.export.parquet import TRACES, ShardedWriter, writer_options
+
+    blobs, tokens = shape_blobs(args)
+    names = ["prompt_ids", "response_ids", "loss_mask", "response_logprobs"]
+    schema = pa.schema([TRACES.field(name) for name in names])
+    distinct = []
+    for blob in blobs:
+        columnar = split_result(SessionResult.model_validate_json(blob))
+        assert columnar is not None
+        t = unpack_tokens(columnar[1])[0]
+        distinct.append([t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs])
+    batch_rows = max(1, min(ShardedWriter.batch_rows, ShardedWriter.batch_tokens // tokens))
+    rows = [distinct[i % DISTINCT] for i in range(batch_rows)]
+    batch = pa.Table.from_arrays(
+        [pa.array([row[c] for row in rows], type=schema.field(c).type) for c in range(len(names))], schema=schema
+    )
+    folder = Path(tempfile.mkdtemp(prefix="polar-bench-parquet-", dir=args.tmp))
+    path = folder / "traces.parquet"
+    try:
+        start = time.perf_counter()
+        with pq.ParquetWriter(path, schema, **writer_options(schema)) as writer:
+            for done in range(0, n, batch_rows):
+                writer.write_table(batch.slice(0, min(batch_rows, n - done)))
+        if args.fsync:
+            synced(path)
+        seconds = time.perf_counter() - start
+        size = path.stat().st_size
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return measured(n, tokens, seconds, size)
+
+
 def synced(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -210,10 +253,16 @@ def main() -> None:
     parser.add_argument("--fsync", action="store_true", help="both rows fsync what they wrote before the clock stops")
     parser.add_argument("--export", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--raw-write", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parquet", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.export is not None or args.raw_write is not None:
-        result = one_export(args.export, args) if args.export is not None else one_raw_write(args.raw_write, args)
-        print(json.dumps(result))
+    if args.export is not None:
+        print(json.dumps(one_export(args.export, args)))
+        return
+    if args.raw_write is not None:
+        print(json.dumps(one_raw_write(args.raw_write, args)))
+        return
+    if args.parquet is not None:
+        print(json.dumps(one_parquet(args.parquet, args)))
         return
     shapes = [("realistic", args.prompt, args.turns)]
     if args.small_prompt:
@@ -231,7 +280,7 @@ def main() -> None:
     for shape, prompt, turns in shapes:
         for n in args.sizes:
             speed: dict[str, float] = {}
-            for what in ("export", "raw-write"):
+            for what in ("export", "parquet", "raw-write"):
                 need = n * raw_bytes(prompt, turns, args.interstitial)
                 label = f"{shape:<10} {f'{prompt}+{turns}':>12} {'':>12} {what:<9} {n:>7}"
                 if need > 0.9 * free:
@@ -244,10 +293,12 @@ def main() -> None:
                       f"{r['seconds']:>8.1f} {r['traces_per_s']:>9.0f} {r['tokens_per_s'] / 1e6:>9.1f} "
                       f"{r['written_mib']:>11.0f} {r['mib_per_s']:>6.0f} {r['peak_rss_mib']:>12.0f}",
                       flush=True)  # fmt: skip
-            if len(speed) == 2:
+            if len(speed) == 3:
                 ratio = (f"{shape} at {n:,}: export {speed['export']:,.0f} traces/s = "
                          f"{speed['export'] / speed['raw-write']:.0%} of the raw write's {speed['raw-write']:,.0f} "
-                         f"(goal: 50%)")  # fmt: skip
+                         f"(goal: 50%); the parquet writer alone {speed['parquet']:,.0f} = "
+                         f"{speed['parquet'] / speed['raw-write']:.0%} of it, export "
+                         f"{speed['export'] / speed['parquet']:.0%} of the parquet writer's")  # fmt: skip
                 ratios.append(ratio)
                 print(ratio, flush=True)
     print(f"load average {'/'.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
