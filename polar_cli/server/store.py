@@ -200,7 +200,64 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS attempts (
     session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, dispatched_at REAL NOT NULL,
     PRIMARY KEY (session_id, attempt));
+CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions(state);
 """
+"""``sessions_by_state`` keeps each state's sessions in rowid order: the oldest ``pending`` ones are read without
+sorting every pending session."""
+
+_COUNTERS = """
+CREATE TABLE IF NOT EXISTS counters (kind TEXT NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (kind, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS task_counters (task_id TEXT NOT NULL, state TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (task_id, state)) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS sessions_counted AFTER INSERT ON sessions BEGIN
+    INSERT INTO counters VALUES ('session', NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+    INSERT INTO task_counters VALUES (NEW.task_id, NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+    INSERT INTO counters SELECT 'node', NEW.node_id, 1 WHERE NEW.node_id IS NOT NULL
+        AND NEW.state IN ('dispatched', 'running') ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS sessions_recounted AFTER UPDATE OF state, node_id ON sessions
+WHEN OLD.state IS NOT NEW.state OR OLD.node_id IS NOT NEW.node_id BEGIN
+    UPDATE counters SET n = n - 1 WHERE kind = 'session' AND key = OLD.state;
+    INSERT INTO counters VALUES ('session', NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+    UPDATE task_counters SET n = n - 1 WHERE task_id = OLD.task_id AND state = OLD.state;
+    INSERT INTO task_counters VALUES (NEW.task_id, NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+    UPDATE counters SET n = n - 1 WHERE kind = 'node' AND key = OLD.node_id AND OLD.state IN ('dispatched', 'running');
+    INSERT INTO counters SELECT 'node', NEW.node_id, 1 WHERE NEW.node_id IS NOT NULL
+        AND NEW.state IN ('dispatched', 'running') ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS tasks_counted AFTER INSERT ON tasks BEGIN
+    INSERT INTO counters VALUES ('task', NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS tasks_recounted AFTER UPDATE OF state ON tasks WHEN OLD.state IS NOT NEW.state BEGIN
+    UPDATE counters SET n = n - 1 WHERE kind = 'task' AND key = OLD.state;
+    INSERT INTO counters VALUES ('task', NEW.state, 1) ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_counted AFTER INSERT ON outbox WHEN NEW.delivered_at IS NULL BEGIN
+    INSERT INTO counters VALUES ('outbox', 'undelivered', 1) ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_recounted AFTER UPDATE OF delivered_at ON outbox
+WHEN OLD.delivered_at IS NULL AND NEW.delivered_at IS NOT NULL BEGIN
+    UPDATE counters SET n = n - 1 WHERE kind = 'outbox' AND key = 'undelivered';
+END;
+"""
+"""Running counts, kept by triggers in the transaction of each change (so a savepoint rolled back, or a crash, never
+leaves them off): sessions by state (``session``), tasks by state (``task``), each node's assigned sessions
+(``node``: dispatched or running there), undelivered callbacks (``outbox``), and each task's sessions by state
+(``task_counters``). ``GET /rollout/status``, a task's state and dispatch read these instead of scanning sessions."""
+
+_RECOUNT = """
+DELETE FROM counters;
+DELETE FROM task_counters;
+INSERT INTO counters SELECT 'session', state, COUNT(*) FROM sessions GROUP BY state;
+INSERT INTO counters SELECT 'task', state, COUNT(*) FROM tasks GROUP BY state;
+INSERT INTO counters SELECT 'node', node_id, COUNT(*) FROM sessions
+    WHERE state IN ('dispatched', 'running') AND node_id IS NOT NULL GROUP BY node_id;
+INSERT INTO counters SELECT 'outbox', 'undelivered', COUNT(*) FROM outbox WHERE delivered_at IS NULL;
+INSERT INTO task_counters SELECT task_id, state, COUNT(*) FROM sessions GROUP BY task_id, state;
+"""
+"""The counters computed from scratch: once, when a database made before them is first opened."""
+COUNTERS_VERSION = "1"
 
 
 _NOT_WAITING = (
@@ -220,6 +277,22 @@ class SQLiteStore:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
+        self._count_once()
+
+    def _count_once(self) -> None:
+        """Create the counters and their triggers; fill them from the tables the first time (an older database)."""
+        self._db.executescript(_COUNTERS)
+        with self._tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'counters'").fetchone()
+            if row is not None and row[0] == COUNTERS_VERSION:
+                return
+            for statement in _RECOUNT.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(
+                "INSERT INTO meta VALUES ('counters', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (COUNTERS_VERSION,),
+            )
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -395,8 +468,7 @@ class SQLiteStore:
         return completed, sum(counts.values())
 
     def task_counts(self) -> dict[TaskState, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
-        return {cast(TaskState, r["state"]): r["n"] for r in rows}
+        return {cast(TaskState, state): n for state, n in self._counted("task").items()}
 
     def last_ended_tasks(self, limit: int) -> list[str]:
         """The ``limit`` tasks that ended last (completed, failed or cancelled), the newest first."""
@@ -423,9 +495,7 @@ class SQLiteStore:
             return False
         states = {
             r["state"]: r["n"]
-            for r in db.execute(
-                "SELECT state, COUNT(*) AS n FROM sessions WHERE task_id = ? GROUP BY state", (task_id,)
-            )
+            for r in db.execute("SELECT state, n FROM task_counters WHERE task_id = ? AND n > 0", (task_id,))
         }
         state: TaskState
         if not any(states.get(s) for s in UNFINISHED):
@@ -478,12 +548,17 @@ class SQLiteStore:
             sql += f" LIMIT {int(limit)}"
         return [self._row(r) for r in self._db.execute(sql, args)]
 
+    def _counted(self, kind: str) -> dict[str, int]:
+        """The running counters of ``kind`` (see ``_COUNTERS``), the keys counted at zero left out."""
+        rows = self._db.execute("SELECT key, n FROM counters WHERE kind = ? AND n > 0", (kind,)).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def count_sessions(self, state: SessionState) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM sessions WHERE state = ?", (state,)).fetchone()[0])
+        r = self._db.execute("SELECT n FROM counters WHERE kind = 'session' AND key = ?", (state,)).fetchone()
+        return 0 if r is None else int(r[0])
 
     def session_counts(self) -> dict[SessionState, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state").fetchall()
-        return {cast(SessionState, r["state"]): r["n"] for r in rows}
+        return {cast(SessionState, state): n for state, n in self._counted("session").items()}
 
     def finished_since(self, times: list[float]) -> list[int]:
         """How many sessions finished at or after each of ``times`` (a finished session's ``updated_at`` is when its
@@ -495,10 +570,8 @@ class SQLiteStore:
         return [int(n) for n in self._db.execute(sql, [*times, min(times)]).fetchone()]
 
     def assigned_counts(self) -> dict[str, int]:
-        rows = self._db.execute(
-            "SELECT node_id, COUNT(*) AS n FROM sessions WHERE state IN ('dispatched', 'running') GROUP BY node_id"
-        )
-        return {r["node_id"]: r["n"] for r in rows}
+        """Each node's sessions dispatched or running there (nodes with none left out)."""
+        return self._counted("node")
 
     def dispatch(self, session_id: str, node_id: str) -> int | None:
         """pending → dispatched to ``node_id`` as a new attempt; its number, or None if it was not pending."""
@@ -735,7 +808,7 @@ class SQLiteStore:
             )
 
     def pending_callbacks(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+        return self._counted("outbox").get("undelivered", 0)
 
     def next_callback_at(self) -> float | None:
         """When the next entry is due (a ``task_status`` waiting for its session results is not)."""
