@@ -154,7 +154,7 @@ class SessionStore(Protocol):
     def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
     def undo_dispatch_many(self, dispatches: list[tuple[str, int]]) -> None: ...
     def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
-    def check_held(self, node_id: str, held: list[str]) -> HeldCheck: ...
+    def check_held(self, node_id: str, held: list[str], sent_before: float | None = None) -> HeldCheck: ...
     def finish(self, session_id: str, result: SessionResult) -> Finished: ...
     def report(
         self, session_id: str, node_id: str, attempt: int, result: SessionResult, max_attempts: int
@@ -628,10 +628,13 @@ class SQLiteStore:
                 (time.time(), node_id, listed),
             )
 
-    def check_held(self, node_id: str, held: list[str]) -> HeldCheck:
+    def check_held(self, node_id: str, held: list[str], sent_before: float | None = None) -> HeldCheck:
         """A heartbeat's ``held`` sessions against the database: ``cancel`` lists the ones the node should not run
-        (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold."""
+        (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold,
+        of those dispatched (their latest attempt) before ``sent_before`` when given: one sent since may have
+        reached the node after it wrote its heartbeat."""
         listed = orjson.dumps(held).decode()
+        before = float("inf") if sent_before is None else sent_before
         with self._snapshot() as db:
             cancel = [
                 r[0]
@@ -644,9 +647,11 @@ class SQLiteStore:
             missing = [
                 self._row(r)
                 for r in db.execute(
-                    "SELECT * FROM sessions WHERE state IN ('dispatched', 'running') AND node_id = ? "
-                    "AND session_id NOT IN (SELECT value FROM json_each(?)) ORDER BY rowid",
-                    (node_id, listed),
+                    "SELECT s.* FROM sessions AS s LEFT JOIN attempts AS a ON a.session_id = s.session_id "
+                    "AND a.attempt = s.attempt WHERE s.state IN ('dispatched', 'running') AND s.node_id = ? "
+                    "AND s.session_id NOT IN (SELECT value FROM json_each(?)) AND COALESCE(a.dispatched_at, 0) < ? "
+                    "ORDER BY s.rowid",
+                    (node_id, listed, before),
                 )
             ]
         return HeldCheck(cancel, missing)

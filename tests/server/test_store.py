@@ -236,3 +236,19 @@ def test_status_counts_cost_the_same_at_ten_sessions_and_at_ten_thousand(tmp_pat
     assert store.count_sessions("dispatched") == 2 * 3 + 10 * 499
     assert steps() < 2 * small  # scanning them: over 1,000 times as many
     store.close()
+
+
+def test_a_heartbeat_misses_only_the_sessions_sent_before_it_could_list_them(tmp_path: Path) -> None:
+    """A session dispatched after ``sent_before`` may have reached the node after it wrote its heartbeat: it is not
+    ``missing`` (looked up) yet; one dispatched before is."""
+    store = SQLiteStore(tmp_path / "s.db")
+    store.submit(make_task("t1", 3), ["a", "b", "c"])
+    store.dispatch_many([("a", "n1"), ("b", "n1")])
+    between = time.time()
+    time.sleep(0.01)
+    store.dispatch("c", "n1")
+    check = store.check_held("n1", ["a"], between)
+    assert [row.session_id for row in check.missing] == ["b"]
+    assert [row.session_id for row in store.check_held("n1", ["a"]).missing] == ["b", "c"]
+    assert store.check_held("n1", ["a", "zzz"], between).cancel == ["zzz"]
+    store.close()
