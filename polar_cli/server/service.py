@@ -80,6 +80,8 @@ TOKEN_ENV = "POLAR_TOKEN"
 DISPATCH_BATCH = 512
 SESSIONS_PER_CALL = 256
 """Sessions sent to one gateway in one ``POST /sessions/batch``."""
+SENDS_PER_NODE = 2
+"""Calls to one gateway under way at once; sessions for it chosen meanwhile wait for the next call (``_send_batch``)."""
 SENDS_IN_FLIGHT = 64
 """Calls to gateways under way at once (a batch is one call): more only queue inside the HTTP client's pool, whose
 bookkeeping grows with the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
@@ -138,6 +140,9 @@ class RolloutServer:
         """Nodes that answered 404/405 to ``POST /sessions/batch`` (older gateways): sessions go one by one."""
         self._looking_up: set[str] = set()
         self._send_limit = asyncio.Semaphore(SENDS_IN_FLIGHT)
+        self._outbox: dict[str, list[tuple[SessionRow, int]]] = {}
+        """Sessions chosen for a node, recorded, waiting for its next ``POST /sessions/batch``."""
+        self._senders: dict[str, int] = {}
         self._lookup_limit = asyncio.Semaphore(LOOKUPS_IN_FLIGHT)
         self._dispatching = True
         self._stopping = False
@@ -518,9 +523,31 @@ class RolloutServer:
 
     async def _send_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         """POST the sessions to their gateway in one call (``POST /sessions/batch``); each session's answer is then
-        handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one."""
-        await self._post_and_settle(node_id, sends)
-        await self._requeue_if_dead(node_id, sends)
+        handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one.
+
+        A node with ``SENDS_PER_NODE`` calls under way already gets these in its next call, which takes every session
+        queued for it by then (up to ``SESSIONS_PER_CALL``): under a burst of submissions, a few calls of many
+        sessions each instead of a call per dispatch round of one or two (each call costs the same, however small)."""
+        queue = self._outbox.setdefault(node_id, [])
+        queue.extend(sends)
+        if self._senders.get(node_id, 0) >= SENDS_PER_NODE:
+            return
+        self._senders[node_id] = self._senders.get(node_id, 0) + 1
+        try:
+            while queue:
+                batch = queue[:SESSIONS_PER_CALL]
+                del queue[:SESSIONS_PER_CALL]
+                try:
+                    await self._post_and_settle(node_id, batch)
+                    await self._requeue_if_dead(node_id, batch)
+                except Exception:  # the heartbeats' reconciliation finds out where these got to
+                    log.exception("%d sessions: sending them to node %s failed", len(batch), node_id)
+        finally:
+            self._senders[node_id] -= 1
+            if not self._senders[node_id]:
+                del self._senders[node_id]
+                if not queue and self._outbox.get(node_id) is queue:
+                    del self._outbox[node_id]
 
     async def _requeue_if_dead(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         """Sessions that reached a node declared dead while they were being sent (liveness leaves sessions under way
