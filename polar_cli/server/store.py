@@ -567,27 +567,26 @@ class SQLiteStore:
         (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold,
         of those dispatched (their latest attempt) before ``sent_before`` when given: one sent since may have
         reached the node after it wrote its heartbeat."""
-        listed = orjson.dumps(held).decode()
         before = float("inf") if sent_before is None else sent_before
-        with self._snapshot() as db:
-            cancel = [
+        with self._snapshot() as db:  # the node's sessions (indexed), compared in memory: O(what the node holds)
+            assigned = {
                 r[0]
                 for r in db.execute(
-                    "SELECT h.value FROM json_each(?) AS h LEFT JOIN sessions AS s ON s.session_id = h.value "
-                    "WHERE s.session_id IS NULL OR s.state NOT IN ('dispatched', 'running') OR s.node_id IS NOT ?",
-                    (listed, node_id),
+                    "SELECT session_id FROM sessions WHERE state IN ('dispatched', 'running') AND node_id = ?",
+                    (node_id,),
                 )
-            ]
+            }
+            cancel = [session_id for session_id in held if session_id not in assigned]
+            absent = assigned.difference(held)
             missing = [
                 self._row(r)
                 for r in db.execute(
-                    "SELECT s.* FROM sessions AS s LEFT JOIN attempts AS a ON a.session_id = s.session_id "
-                    "AND a.attempt = s.attempt WHERE s.state IN ('dispatched', 'running') AND s.node_id = ? "
-                    "AND s.session_id NOT IN (SELECT value FROM json_each(?)) AND COALESCE(a.dispatched_at, 0) < ? "
-                    "ORDER BY s.rowid",
-                    (node_id, listed, before),
+                    "SELECT s.* FROM json_each(?) AS h JOIN sessions AS s ON s.session_id = h.value LEFT JOIN attempts "
+                    "AS a ON a.session_id = s.session_id AND a.attempt = s.attempt "
+                    "WHERE COALESCE(a.dispatched_at, 0) < ? ORDER BY s.rowid",
+                    (orjson.dumps(sorted(absent)).decode(), before),
                 )
-            ]
+            ] if absent else []  # fmt: skip
         return HeldCheck(cancel, missing)
 
     def finish(self, session_id: str, result: SessionResult) -> Finished:
