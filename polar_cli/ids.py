@@ -46,6 +46,13 @@ def session_id_for(task_id: str, sample_index: int) -> str:
     return f"{slug}-{sample_index}-{secrets.token_hex(4)}"
 
 
+def session_ids_for(task_id: str, count: int) -> list[str]:
+    """:func:`session_id_for` of samples ``0 .. count - 1``, the random parts drawn in one call."""
+    slug = id_part(task_id) or "task"
+    noise = secrets.token_hex(4 * count)
+    return [f"{slug}-{i}-{noise[8 * i : 8 * i + 8]}" for i in range(count)]
+
+
 def _validate_session_id(value: str) -> str:
     if not is_session_id(value):
         raise ValueError(f"not a valid session id: use {SESSION_ID_RULE}")

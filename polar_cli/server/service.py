@@ -32,7 +32,7 @@ from typing import Any, get_args
 import httpx
 
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
-from polar_cli.ids import session_id_for
+from polar_cli.ids import session_ids_for as new_session_ids
 from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
 from polar_cli.models import NodeLoad, RecentRewards, SessionResult, TaskRequest, TaskStatus
 from polar_cli.models.service import (
@@ -82,14 +82,18 @@ TOKEN_ENV = "POLAR_TOKEN"
 DISPATCH_BATCH = 512
 SESSIONS_PER_CALL = 256
 """Sessions sent to one gateway in one ``POST /sessions/batch``."""
+SENDS_PER_NODE = 2
+"""Calls to one gateway under way at once; sessions for it chosen meanwhile wait for the next call (``_send_batch``)."""
 SENDS_IN_FLIGHT = 64
 """Calls to gateways under way at once (a batch is one call): more only queue inside the HTTP client's pool, whose
 bookkeeping grows with the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
 LOOKUPS_IN_FLIGHT = 16
+TASKS_CACHED = 4096
+"""Task bodies kept as JSON for dispatch (a burst of many small tasks is sent interleaved across nodes)."""
 
 
 def session_ids_for(task: TaskRequest) -> list[str]:
-    return [session_id_for(task.task_id, i) for i in range(task.num_samples)]
+    return new_session_ids(task.task_id, task.num_samples)
 
 
 @dataclass
@@ -132,7 +136,7 @@ class RolloutServer:
         self._node_tokens: set[bytes] = set()
         """The digests of the registered nodes' tokens (``token_digest``): who may post a result, known before its
         body is read."""
-        self._tasks_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._tasks_cache: OrderedDict[str, asyncio.Future[dict[str, Any]]] = OrderedDict()
         self._dispatch_wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._sending: set[str] = set()
@@ -140,6 +144,9 @@ class RolloutServer:
         """Nodes that answered 404/405 to ``POST /sessions/batch`` (older gateways): sessions go one by one."""
         self._looking_up: set[str] = set()
         self._send_limit = asyncio.Semaphore(SENDS_IN_FLIGHT)
+        self._outbox: dict[str, list[tuple[SessionRow, int]]] = {}
+        """Sessions chosen for a node, recorded, waiting for its next ``POST /sessions/batch``."""
+        self._senders: dict[str, int] = {}
         self._lookup_limit = asyncio.Semaphore(LOOKUPS_IN_FLIGHT)
         self._dispatching = True
         self._stopping = False
@@ -215,6 +222,9 @@ class RolloutServer:
         submitted = await self.threads.write(self.store.submit, task, session_ids_for(task))
         if submitted.created:
             self.metrics.tasks_submitted.inc()
+            body: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            body.set_result(task.model_dump(mode="json"))
+            self._cache_task_body(submitted.task_id, body)
             self._dispatch_wake.set()
         return SubmitAnswer(task_id=submitted.task_id, status=submitted.state, created=submitted.created)
 
@@ -316,14 +326,27 @@ class RolloutServer:
         return sessions, tasks, self.store.pending_callbacks()
 
     async def _task_body(self, task_id: str) -> dict[str, Any]:
-        """The task as JSON (cached: one task's sessions are sent together)."""
-        body = self._tasks_cache.get(task_id)
-        if body is None:
-            task = await self.threads.read(self.store.task, task_id)
-            body = self._tasks_cache[task_id] = task.model_dump(mode="json")
-            while len(self._tasks_cache) > 256:
-                self._tasks_cache.popitem(last=False)
-        return body
+        """The task as JSON (cached, filled at submit: one task's sessions go to many nodes at once, and each batch
+        waits on the one read of a task the cache lost rather than reading it again)."""
+        entry = self._tasks_cache.get(task_id)
+        if entry is None:
+            entry = asyncio.ensure_future(self._read_task_body(task_id))
+            self._cache_task_body(task_id, entry)
+        try:
+            return await asyncio.shield(entry)
+        except PolarError:
+            if self._tasks_cache.get(task_id) is entry:
+                del self._tasks_cache[task_id]  # an unknown task is not remembered
+            raise
+
+    async def _read_task_body(self, task_id: str) -> dict[str, Any]:
+        task = await self.threads.read(self.store.task, task_id)
+        return task.model_dump(mode="json")
+
+    def _cache_task_body(self, task_id: str, body: asyncio.Future[dict[str, Any]]) -> None:
+        self._tasks_cache[task_id] = body
+        while len(self._tasks_cache) > TASKS_CACHED:
+            self._tasks_cache.popitem(last=False)
 
     # ---- nodes (gateway API) ------------------------------------------------------------------------------------
 
@@ -373,7 +396,8 @@ class RolloutServer:
         live.running, live.queued = body.load.running, body.load.queued  # reported in the status, not counted
         live.draining = body.draining
         await self.threads.write(self.store.mark_running, node_id, body.sessions)
-        check = await self.threads.read(self.store.check_held, node_id, body.sessions)
+        sent_before = time.time() - self._settle_s  # a session sent since may have arrived after the node wrote this
+        check = await self.threads.read(self.store.check_held, node_id, body.sessions, sent_before)
         self._look_up_all(row for row in check.missing if row.session_id not in self._sending)
         self._dispatch_wake.set()
         return HeartbeatAnswer(cancel=check.cancel)
@@ -428,6 +452,12 @@ class RolloutServer:
         return [
             node for node_id, node in self._nodes.items() if not (node_id in self._live and self._live[node_id].dead)
         ]
+
+    @property
+    def _settle_s(self) -> float:
+        """Two heartbeat intervals: a node that is up has heartbeated within them, and has listed every session that
+        reached it before them."""
+        return 2 * self.config.heartbeat_interval_s
 
     def _healthy(self, node_id: str) -> bool:
         live = self._live.get(node_id)
@@ -493,9 +523,31 @@ class RolloutServer:
 
     async def _send_batch(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         """POST the sessions to their gateway in one call (``POST /sessions/batch``); each session's answer is then
-        handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one."""
-        await self._post_and_settle(node_id, sends)
-        await self._requeue_if_dead(node_id, sends)
+        handled as a ``POST /sessions`` answer would be. A gateway without the batch route gets them one by one.
+
+        A node with ``SENDS_PER_NODE`` calls under way already gets these in its next call, which takes every session
+        queued for it by then (up to ``SESSIONS_PER_CALL``): under a burst of submissions, a few calls of many
+        sessions each instead of a call per dispatch round of one or two (each call costs the same, however small)."""
+        queue = self._outbox.setdefault(node_id, [])
+        queue.extend(sends)
+        if self._senders.get(node_id, 0) >= SENDS_PER_NODE:
+            return
+        self._senders[node_id] = self._senders.get(node_id, 0) + 1
+        try:
+            while queue:
+                batch = queue[:SESSIONS_PER_CALL]
+                del queue[:SESSIONS_PER_CALL]
+                try:
+                    await self._post_and_settle(node_id, batch)
+                    await self._requeue_if_dead(node_id, batch)
+                except Exception:  # the heartbeats' reconciliation finds out where these got to
+                    log.exception("%d sessions: sending them to node %s failed", len(batch), node_id)
+        finally:
+            self._senders[node_id] -= 1
+            if not self._senders[node_id]:
+                del self._senders[node_id]
+                if not queue and self._outbox.get(node_id) is queue:
+                    del self._outbox[node_id]
 
     async def _requeue_if_dead(self, node_id: str, sends: list[tuple[SessionRow, int]]) -> None:
         """Sessions that reached a node declared dead while they were being sent (liveness leaves sessions under way
@@ -633,9 +685,15 @@ class RolloutServer:
                         await self._requeue(row, f"node {node_id} stopped heartbeating")
 
     async def _reconcile(self) -> None:
-        """At start: every session the database says a gateway holds is looked up there (the server may have died
-        mid-dispatch, or while the gateway finished it)."""
-        self._look_up_all(await self.threads.read(self.store.sessions, states=ASSIGNED))
+        """At start: the sessions the database says a gateway holds are checked against what it holds (the server
+        may have died mid-dispatch, or while the gateway finished it). A node's first heartbeat lists what it holds,
+        and the rest is looked up (:meth:`heartbeat`), so 100,000 sessions in flight cost a heartbeat per node, not
+        100,000 look-ups; the sessions of a node that has not heartbeated within ``_settle_s`` are looked up there
+        one by one (a node that answers neither is declared dead by liveness, and its sessions dispatched again)."""
+        await asyncio.sleep(self._settle_s)
+        for node_id, live in list(self._live.items()):
+            if live.last_heartbeat is None:
+                self._look_up_all(await self.threads.read(self.store.sessions, states=ASSIGNED, node_id=node_id))
 
     def _look_up_all(self, rows: Iterable[SessionRow]) -> None:
         for row in rows:

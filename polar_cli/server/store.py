@@ -34,6 +34,7 @@ from polar_cli.models import (
     TrajectoryStatus,
 )
 from polar_cli.rewards import task_reward_stats
+from polar_cli.server.counters import install_counters
 
 UNFINISHED = ("pending", "dispatched", "running")
 ASSIGNED = ("dispatched", "running")
@@ -154,7 +155,7 @@ class SessionStore(Protocol):
     def undo_dispatch(self, session_id: str, attempt: int) -> None: ...
     def undo_dispatch_many(self, dispatches: list[tuple[str, int]]) -> None: ...
     def mark_running(self, node_id: str, session_ids: list[str]) -> None: ...
-    def check_held(self, node_id: str, held: list[str]) -> HeldCheck: ...
+    def check_held(self, node_id: str, held: list[str], sent_before: float | None = None) -> HeldCheck: ...
     def finish(self, session_id: str, result: SessionResult) -> Finished: ...
     def report(
         self, session_id: str, node_id: str, attempt: int, result: SessionResult, max_attempts: int
@@ -200,7 +201,11 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS attempts (
     session_id TEXT NOT NULL, attempt INTEGER NOT NULL, node_id TEXT NOT NULL, dispatched_at REAL NOT NULL,
     PRIMARY KEY (session_id, attempt));
+CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions(state);
 """
+"""``sessions_by_state`` keeps each state's sessions in rowid order: the oldest ``pending`` ones are read without
+sorting every pending session."""
+
 
 
 _NOT_WAITING = (
@@ -220,6 +225,8 @@ class SQLiteStore:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
+        with self._tx() as db:
+            install_counters(db)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -395,8 +402,7 @@ class SQLiteStore:
         return completed, sum(counts.values())
 
     def task_counts(self) -> dict[TaskState, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM tasks GROUP BY state").fetchall()
-        return {cast(TaskState, r["state"]): r["n"] for r in rows}
+        return {cast(TaskState, state): n for state, n in self._counted("task").items()}
 
     def last_ended_tasks(self, limit: int) -> list[str]:
         """The ``limit`` tasks that ended last (completed, failed or cancelled), the newest first."""
@@ -423,9 +429,7 @@ class SQLiteStore:
             return False
         states = {
             r["state"]: r["n"]
-            for r in db.execute(
-                "SELECT state, COUNT(*) AS n FROM sessions WHERE task_id = ? GROUP BY state", (task_id,)
-            )
+            for r in db.execute("SELECT state, n FROM task_counters WHERE task_id = ? AND n > 0", (task_id,))
         }
         state: TaskState
         if not any(states.get(s) for s in UNFINISHED):
@@ -478,12 +482,17 @@ class SQLiteStore:
             sql += f" LIMIT {int(limit)}"
         return [self._row(r) for r in self._db.execute(sql, args)]
 
+    def _counted(self, kind: str) -> dict[str, int]:
+        """The running counters of ``kind`` (see ``_COUNTERS``), the keys counted at zero left out."""
+        rows = self._db.execute("SELECT key, n FROM counters WHERE kind = ? AND n > 0", (kind,)).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def count_sessions(self, state: SessionState) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM sessions WHERE state = ?", (state,)).fetchone()[0])
+        r = self._db.execute("SELECT n FROM counters WHERE kind = 'session' AND key = ?", (state,)).fetchone()
+        return 0 if r is None else int(r[0])
 
     def session_counts(self) -> dict[SessionState, int]:
-        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM sessions GROUP BY state").fetchall()
-        return {cast(SessionState, r["state"]): r["n"] for r in rows}
+        return {cast(SessionState, state): n for state, n in self._counted("session").items()}
 
     def finished_since(self, times: list[float]) -> list[int]:
         """How many sessions finished at or after each of ``times`` (a finished session's ``updated_at`` is when its
@@ -495,10 +504,8 @@ class SQLiteStore:
         return [int(n) for n in self._db.execute(sql, [*times, min(times)]).fetchone()]
 
     def assigned_counts(self) -> dict[str, int]:
-        rows = self._db.execute(
-            "SELECT node_id, COUNT(*) AS n FROM sessions WHERE state IN ('dispatched', 'running') GROUP BY node_id"
-        )
-        return {r["node_id"]: r["n"] for r in rows}
+        """Each node's sessions dispatched or running there (nodes with none left out)."""
+        return self._counted("node")
 
     def dispatch(self, session_id: str, node_id: str) -> int | None:
         """pending → dispatched to ``node_id`` as a new attempt; its number, or None if it was not pending."""
@@ -555,27 +562,31 @@ class SQLiteStore:
                 (time.time(), node_id, listed),
             )
 
-    def check_held(self, node_id: str, held: list[str]) -> HeldCheck:
+    def check_held(self, node_id: str, held: list[str], sent_before: float | None = None) -> HeldCheck:
         """A heartbeat's ``held`` sessions against the database: ``cancel`` lists the ones the node should not run
-        (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold."""
-        listed = orjson.dumps(held).decode()
-        with self._snapshot() as db:
-            cancel = [
+        (unknown, ended, or given to another node); ``missing`` the ones assigned to the node that it does not hold,
+        of those dispatched (their latest attempt) before ``sent_before`` when given: one sent since may have
+        reached the node after it wrote its heartbeat."""
+        before = float("inf") if sent_before is None else sent_before
+        with self._snapshot() as db:  # the node's sessions (indexed), compared in memory: O(what the node holds)
+            assigned = {
                 r[0]
                 for r in db.execute(
-                    "SELECT h.value FROM json_each(?) AS h LEFT JOIN sessions AS s ON s.session_id = h.value "
-                    "WHERE s.session_id IS NULL OR s.state NOT IN ('dispatched', 'running') OR s.node_id IS NOT ?",
-                    (listed, node_id),
+                    "SELECT session_id FROM sessions WHERE state IN ('dispatched', 'running') AND node_id = ?",
+                    (node_id,),
                 )
-            ]
+            }
+            cancel = [session_id for session_id in held if session_id not in assigned]
+            absent = assigned.difference(held)
             missing = [
                 self._row(r)
                 for r in db.execute(
-                    "SELECT * FROM sessions WHERE state IN ('dispatched', 'running') AND node_id = ? "
-                    "AND session_id NOT IN (SELECT value FROM json_each(?)) ORDER BY rowid",
-                    (node_id, listed),
+                    "SELECT s.* FROM json_each(?) AS h JOIN sessions AS s ON s.session_id = h.value LEFT JOIN attempts "
+                    "AS a ON a.session_id = s.session_id AND a.attempt = s.attempt "
+                    "WHERE COALESCE(a.dispatched_at, 0) < ? ORDER BY s.rowid",
+                    (orjson.dumps(sorted(absent)).decode(), before),
                 )
-            ]
+            ] if absent else []  # fmt: skip
         return HeldCheck(cancel, missing)
 
     def finish(self, session_id: str, result: SessionResult) -> Finished:
@@ -735,7 +746,7 @@ class SQLiteStore:
             )
 
     def pending_callbacks(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0])
+        return self._counted("outbox").get("undelivered", 0)
 
     def next_callback_at(self) -> float | None:
         """When the next entry is due (a ``task_status`` waiting for its session results is not)."""

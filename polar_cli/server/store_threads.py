@@ -5,11 +5,13 @@ each other); reads run on a small pool of other threads (each with its own conne
 waits for the writer). ``await threads.write(store.finish, ...)`` returns once the transaction has committed, so a
 result is still committed before the gateway's report is acknowledged.
 
-Group commit: when several writes are queued by the time the writer thread takes the next one, and the store can
-group them (:class:`GroupCommit`), they run in ONE transaction, so one fsync, each call in its own savepoint: a call
-that raises undoes its own changes only and fails only its own caller. Every caller of the group is answered once
-the group's transaction has committed (or, should the commit itself fail, they all get that error: nothing of the
-group was committed).
+Batched per event-loop tick: the writes asked for during one tick of the event loop are handed to the writer thread
+together (one hand-off, scheduled with ``call_soon``), and when the store can group them (:class:`GroupCommit`) they
+run in ONE transaction, so one fsync, each call in its own savepoint: a call that raises undoes its own changes only
+and fails only its own caller. Writes of later ticks that are queued by the time the writer takes the next batch join
+the same transaction (group commit), up to ``max_group`` calls. Every caller of the group is answered once the
+group's transaction has committed (or, should the commit itself fail, they all get that error: nothing of the group
+was committed).
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class StoreThreads:
     def __init__(self, readers: int = READERS, *, store: object | None = None, max_group: int = MAX_GROUP) -> None:
         self._group = store if isinstance(store, GroupCommit) else None
         self._max_group = max(1, max_group)
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Call] | None] = queue.SimpleQueue()
+        self._tick: list[_Call] = []
+        """The writes asked for in this event-loop tick, handed to the writer thread together at its end."""
         self._closed = False
         self._close_lock = threading.Lock()
         self.transactions = 0
@@ -64,8 +68,17 @@ class StoreThreads:
         with self._close_lock:
             if self._closed:
                 raise RuntimeError("the store threads are closed")
-            self._queue.put((functools.partial(fn, *args, **kwargs), future))
+            if not self._tick:
+                asyncio.get_running_loop().call_soon(self._hand_off)
+            self._tick.append((functools.partial(fn, *args, **kwargs), future))
         return await asyncio.wrap_future(future)
+
+    def _hand_off(self) -> None:
+        """The end of a tick: this tick's writes go to the writer thread as one batch."""
+        with self._close_lock:
+            calls, self._tick = self._tick, []
+            if calls:
+                self._queue.put(calls)
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._readers, functools.partial(fn, *args, **kwargs))
@@ -75,6 +88,9 @@ class StoreThreads:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
+                if self._tick:  # asked for before the close: they run (their hand-off finds nothing left)
+                    self._queue.put(self._tick)
+                    self._tick = []
                 self._queue.put(None)
         self._writer.join()
         self._readers.shutdown(wait=True)
@@ -87,7 +103,7 @@ class StoreThreads:
             first = self._queue.get()
             if first is None:
                 return
-            calls = [first]
+            calls = list(first)  # one tick's writes are never split
             while len(calls) < self._max_group:
                 try:
                     nxt = self._queue.get_nowait()
@@ -96,7 +112,7 @@ class StoreThreads:
                 if nxt is None:
                     stop = True
                     break
-                calls.append(nxt)
+                calls.extend(nxt)
             calls = [(fn, fut) for fn, fut in calls if fut.set_running_or_notify_cancel()]
             if not calls:
                 continue

@@ -277,3 +277,52 @@ def test_a_session_being_sent_when_its_node_dies_or_registers_again_counts_only_
         asyncio.run(body())
     finally:
         server.stop()
+
+
+class BusyGateway(PickyGateway):
+    """A gateway that takes everything, but answers no batch until ``release`` (a node slow to answer)."""
+
+    def __init__(self, server: dict[str, Any]) -> None:
+        super().__init__(server)
+        self.refused = {0, 1, 2, 3}  # nothing refused
+        self.release = asyncio.Event()
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        await self.release.wait()
+        return await super()._batch(request)
+
+
+def test_sessions_chosen_while_a_node_is_busy_with_calls_go_together_in_its_next_call(tmp_path: Path) -> None:
+    """A node with its calls under way (``SENDS_PER_NODE``) gets the sessions chosen meanwhile in one next call, not
+    one call per dispatch round: at 100,000 sessions in flight, most of a burst's cost was calls of one or two."""
+    config = serve_config(tmp_path, "s", server={"reservations_per_node": 64, "max_queued_per_node": 64})
+    server = Serve(tmp_path / "server", "--role", "server", "--port", "0", "--config", str(config))
+    tasks = 8
+
+    async def body() -> None:
+        info = await server.ready()
+        busy = BusyGateway(info)
+        await busy.start()
+        try:
+            async with client(info) as http:
+                for i in range(tasks):  # one dispatch round each: the task's sessions are sent before the next
+                    await http.post("/rollout/task/submit", json=waiting_task(f"t{i}", 2))
+
+                    async def sent(task_id: str = f"t{i}") -> bool:
+                        status = TaskStatus.model_validate((await http.get(f"/rollout/task/{task_id}")).json())
+                        return "pending" not in status.sessions.values()
+
+                    await until_true(sent, f"task t{i} dispatched")
+                assert busy.batches == []  # nothing answered yet: two calls wait on the node, the rest is queued
+                busy.release.set()
+                done = [await finished(info, f"t{i}") for i in range(tasks)]
+        finally:
+            await busy.close()
+        assert all(status.state == "completed" and status.completed == 2 for status in done)
+        assert [len(batch) for batch in busy.batches] == [2, 2, 2 * (tasks - 2)]
+        assert all(attempt == 1 for batch in busy.batches for _, attempt, _ in batch)  # each sent once
+
+    try:
+        asyncio.run(body())
+    finally:
+        server.stop()

@@ -128,3 +128,127 @@ def test_ended_tasks_are_those_that_ended_since_a_time_in_submission_order(tmp_p
     assert store.ended_tasks(0.0) == ["t1-late", "t3-cancelled"]  # submitted in that order; t2-open has not ended
     assert store.ended_tasks(between) == ["t1-late"]
     assert store.ended_tasks(time.time() + 60) == []
+
+
+def _scanned(store: SQLiteStore) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
+    """The counts the running counters stand for, computed by scanning the tables."""
+    db = store._db
+    sessions = dict(db.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state").fetchall())
+    tasks = dict(db.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state").fetchall())
+    assigned = dict(db.execute("SELECT node_id, COUNT(*) FROM sessions WHERE state IN ('dispatched', 'running') "
+                               "GROUP BY node_id").fetchall())  # fmt: skip
+    undelivered = db.execute("SELECT COUNT(*) FROM outbox WHERE delivered_at IS NULL").fetchone()[0]
+    return sessions, tasks, assigned, undelivered
+
+
+def _counted(store: SQLiteStore) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
+    return (dict(store.session_counts()), dict(store.task_counts()), store.assigned_counts(),
+            store.pending_callbacks())  # fmt: skip
+
+
+def test_running_counters_match_the_tables_through_every_change_and_a_rolled_back_savepoint(tmp_path: Path) -> None:
+    """Status and dispatch read running counters (no scan of every session): they stay equal to a scan through
+    submit, dispatch, undo, heartbeat, requeue, finish, cancel, callbacks, and a savepoint rolled back."""
+    store = SQLiteStore(tmp_path / "s.db")
+    store.submit(make_task("t1", 4), ["a", "b", "c", "d"])
+    store.submit(make_task("t2", 2, callback_url=None), ["e", "f"])
+    assert _counted(store) == _scanned(store) == ({"pending": 6}, {"pending": 2}, {}, 0)
+    attempts = store.dispatch_many([("a", "n1"), ("b", "n1"), ("c", "n2"), ("e", "n2")])
+    assert _counted(store) == _scanned(store)
+    assert store.assigned_counts() == {"n1": 2, "n2": 2}
+    store.mark_running("n1", ["a"])
+    store.undo_dispatch("c", attempts[2] or 0)
+    store.requeue("b", 1, "lost", max_attempts=3)
+    assert _counted(store) == _scanned(store)
+    assert store.assigned_counts() == {"n1": 1, "n2": 1}
+    store.finish("a", result("a"))
+    store.report("e", "n2", 1, result("e"), max_attempts=3)
+    with pytest.raises(RuntimeError), store.group():  # a group whose call fails: its savepoint, then all, undone
+        with store.savepoint():
+            store.finish("f", result("f"))
+        raise RuntimeError("the group fails")
+    assert _counted(store) == _scanned(store)
+    store.cancel_task("t1")
+    for callback in store.due_callbacks(now=1e12):
+        store.callback_delivered(callback.id)
+    assert _counted(store) == _scanned(store)
+    store.close()
+
+    reopened = SQLiteStore(tmp_path / "s.db")
+    assert _counted(reopened) == _scanned(reopened)
+    reopened.close()
+
+
+def test_a_database_made_before_the_counters_is_counted_when_first_opened(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    store.submit(make_task("t1", 3), ["a", "b", "c"])
+    store.dispatch("a", "n1")
+    store.finish("b", result("b"))
+    expected = _scanned(store)
+    db = store._db
+    for trigger in ("sessions_counted", "sessions_recounted", "tasks_counted", "tasks_recounted", "outbox_counted",
+                    "outbox_recounted"):  # fmt: skip
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP TABLE counters")
+    db.execute("DROP TABLE task_counters")
+    db.execute("DELETE FROM meta WHERE key = 'counters'")
+    store.close()
+
+    reopened = SQLiteStore(tmp_path / "s.db")
+    assert _counted(reopened) == expected
+    reopened.dispatch("c", "n2")
+    assert _counted(reopened) == _scanned(reopened)
+    assert reopened.task_status("t1").state == "running"
+    reopened.close()
+
+
+def test_status_counts_cost_the_same_at_ten_sessions_and_at_ten_thousand(tmp_path: Path) -> None:
+    """What ``GET /rollout/status``, the metrics and dispatch read is O(1) in the sessions stored: the SQLite
+    instructions each read runs (counted by a progress handler) do not grow with them."""
+    store = SQLiteStore(tmp_path / "s.db")
+
+    def steps() -> int:
+        ran = 0
+
+        def count() -> int:
+            nonlocal ran
+            ran += 1
+            return 0
+
+        store._db.set_progress_handler(count, 1)
+        try:
+            store.session_counts(), store.task_counts(), store.assigned_counts(), store.pending_callbacks()
+            store.count_sessions("pending")
+        finally:
+            store._db.set_progress_handler(None, 1)
+        return ran
+
+    def load(prefix: str, tasks: int, samples: int) -> None:
+        for t in range(tasks):
+            ids = [f"{prefix}{t}-{i}" for i in range(samples)]
+            store.submit(make_task(f"{prefix}{t}", samples), ids)
+            store.dispatch_many([(sid, f"n{i % 4}") for i, sid in enumerate(ids[: samples // 2])])
+            store.finish(ids[0], result(ids[0]))
+
+    load("small", 2, 8)  # the same nodes and states as below: only the number of sessions differs
+    small = steps()
+    load("big", 10, 1000)
+    assert store.count_sessions("dispatched") == 2 * 3 + 10 * 499
+    assert steps() < 2 * small  # scanning them: over 1,000 times as many
+    store.close()
+
+
+def test_a_heartbeat_misses_only_the_sessions_sent_before_it_could_list_them(tmp_path: Path) -> None:
+    """A session dispatched after ``sent_before`` may have reached the node after it wrote its heartbeat: it is not
+    ``missing`` (looked up) yet; one dispatched before is."""
+    store = SQLiteStore(tmp_path / "s.db")
+    store.submit(make_task("t1", 3), ["a", "b", "c"])
+    store.dispatch_many([("a", "n1"), ("b", "n1")])
+    between = time.time()
+    time.sleep(0.01)
+    store.dispatch("c", "n1")
+    check = store.check_held("n1", ["a"], between)
+    assert [row.session_id for row in check.missing] == ["b"]
+    assert [row.session_id for row in store.check_held("n1", ["a"]).missing] == ["b", "c"]
+    assert store.check_held("n1", ["a", "zzz"], between).cancel == ["zzz"]
+    store.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,4 +106,24 @@ def test_a_write_alone_and_a_write_after_close(tmp_path: Path) -> None:
             await threads.write(store.set_meta, "k", "v")
 
     asyncio.run(late())
+    store.close()
+
+
+def test_the_writes_of_one_event_loop_tick_share_one_transaction(tmp_path: Path) -> None:
+    """An idle writer does not take the first write of a tick alone: the tick's writes reach it as one batch."""
+    store = SQLiteStore(tmp_path / "s.db")
+    threads = StoreThreads(store=store)
+
+    async def submit(i: int) -> Submitted:
+        time.sleep(0.002)  # the GIL let go between the tick's writes: an idle writer would take the first alone
+        return await threads.write(store.submit, make_task(f"t{i}"), [f"t{i}-0", f"t{i}-1"])
+
+    async def main() -> list[Submitted]:
+        return await asyncio.gather(*(submit(i) for i in range(40)))  # each runs its first step in one tick
+
+    outcomes = asyncio.run(main())
+    threads.close()
+    assert [o.created for o in outcomes] == [True] * 40
+    assert (threads.writes, threads.transactions) == (40, 1)
+    assert store.task_counts() == {"pending": 40}
     store.close()
