@@ -24,6 +24,7 @@ KEY = b'"prompt_token_ids":'
 _SPACE = b" \t\r\n"
 _COMMA = np.uint8(ord(","))
 _ZERO = np.uint8(ord("0"))
+_NINE = np.uint8(ord("9"))
 
 
 def split_prompt_ids(raw: bytes) -> tuple[bytes, JsonTokenIds] | None:
@@ -105,11 +106,11 @@ def _plain_commas(raw: bytes) -> int:
         return 0
     if len(raw) < 3 or raw[:1] != b"[" or raw[-1:] != b"]" or raw[1:2] == b"," or raw[-2:-1] == b",":
         return -1
-    # two vectorized passes over the bytes between the brackets (~0.15 ns a byte; bytes.translate took ~0.6): every
-    # byte that is not a digit (its value - 48 wraps past 9) must be a comma
+    # three vectorized comparisons over the bytes between the brackets (~0.2 ns a byte; bytes.translate took ~0.6):
+    # every byte that is not a digit must be a comma
     inner = np.frombuffer(raw, dtype=np.uint8, count=len(raw) - 2, offset=1)
     commas = int(np.count_nonzero(inner == _COMMA))
-    others = int(np.count_nonzero((inner - _ZERO) > 9))
+    others = int(np.count_nonzero(inner < _ZERO)) + int(np.count_nonzero(inner > _NINE))
     return commas if others == commas else -1
 
 
