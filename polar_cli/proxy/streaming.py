@@ -57,7 +57,7 @@ async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) 
     async for piece in content.iter_any():
         buffer += piece
         while True:
-            cut = buffer.find(b"\n\n", searched)
+            cut = _frame_end(buffer, searched)
             if cut < 0:
                 searched = max(0, len(buffer) - 1)
                 break
@@ -85,6 +85,19 @@ async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) 
                     raise UpstreamStreamError(f"the backend failed mid-stream: {str(message)[:500]}")
                 yield chunk
     raise UpstreamStreamError("the backend's stream ended before data: [DONE]")
+
+
+def _frame_end(buffer: bytearray, start: int) -> int:
+    """Where the first ``\n\n`` at or after ``start`` begins, -1 if none. Each ``\n`` is found with one memchr:
+    ``find(b"\n\n")`` walks a 200 KB frame of digits at ~0.8 ns a byte (~160 us before a 32K stream's first byte),
+    a one-byte find at ~0.01."""
+    at = buffer.find(b"\n", start)
+    end = len(buffer) - 1
+    while 0 <= at < end:
+        if buffer[at + 1] == 10:  # "\n"
+            return at
+        at = buffer.find(b"\n", at + 1)
+    return -1
 
 
 class StreamAssembler:
