@@ -183,13 +183,16 @@ def test_a_frame_of_several_lines_still_yields_its_data_lines() -> None:
 
 
 @given(
-    st.lists(st.sampled_from(["data: {\"a\":1}", "data: {\"b\":[1,2]}", ": note", "event: x", "id: 7"]), max_size=4)
+    st.lists(
+        st.sampled_from(['data: {"a":1}', 'data:{"b":[1,2]}', 'data: \t{"c":3} \t', ": note", "id: 7"]), max_size=4
+    )
     .map("\n".join)
     .filter(lambda frame: "data:" in frame)
     .flatmap(lambda frame: st.tuples(st.just(frame), st.lists(st.integers(1, 9), min_size=1, max_size=5))),
 )
 def test_frames_end_at_the_first_blank_line_however_the_bytes_are_cut(case: tuple[str, list[int]]) -> None:
-    """A frame's lines (single newlines) never end it; the blank line does, also when it is cut between two pieces."""
+    """A frame's lines (single newlines) never end it; the blank line does, also when it is cut between two pieces;
+    a data: value is read with or without blanks around it, in a frame of one line or of several."""
     frame, sizes = case
     raw = (frame + "\n\n").encode() * 3 + b"data: [DONE]\n\n"
     expected = [json.loads(line[5:]) for line in frame.split("\n") if line.startswith("data:")] * 3
