@@ -6,9 +6,10 @@ non-negative ints, and the text itself, which goes verbatim into the journal (``
 
 - :func:`split_prompt_ids` cuts the top-level ``prompt_token_ids`` array out of a body without parsing it;
 - :func:`loads_keeping_prompt_ids` parses the rest and puts the ids back as a :class:`JsonTokenIds`;
-- :func:`json_ids_count` and :func:`json_ids_ok` count and check the text as bytes (one vectorized scan, remembered
-  on the object) against the server's own count: a stream counts its prompt at the start and checks it at the end, once
-  the usage chunk has said how many ids it sent, without a second pass.
+- :func:`json_ids_count` and :func:`json_ids_ok` count and check the text as bytes (numpy comparisons, the verdict
+  remembered on the object) against the server's own count: a stream counts its prompt's commas before its first
+  byte (~15 us for 32K ids) and checks the whole text at the end (~45 us), once the usage chunk has said how many ids
+  it sent.
 """
 
 from __future__ import annotations
@@ -65,19 +66,17 @@ def loads_keeping_prompt_ids(raw: bytes) -> Any:
 
 
 def json_ids_count(ids: JsonTokenIds) -> int:
-    """How many ids the text holds: the known ``length``, else counted from the text (one scan, kept for
-    :func:`json_ids_ok`); no verdict yet (a stream counts its prompt at the start and checks it at the end, once the
-    server has said how many ids it sent)."""
+    """How many ids the text holds: the known ``length``, else its commas + 1 (one comparison over the bytes, ~15 us
+    for 32K ids); no verdict yet (a stream counts its prompt before its first byte and checks it at the end, once the
+    server has said how many ids it sent: a text the check refuses ends the stream in an error event, so a count read
+    off an odd text is never journaled)."""
     if ids.length >= 0:
         return ids.length
-    commas = _commas(ids)
-    if commas >= 0:
-        return commas + 1 if ids.raw != b"[]" else 0
-    try:
-        values = orjson.loads(ids.raw)
-    except orjson.JSONDecodeError:
-        return 0
-    return len(values) if isinstance(values, list) else 0
+    if ids.commas is not None and ids.commas >= 0:
+        return ids.commas + 1 if ids.raw != b"[]" else 0
+    raw = ids.raw
+    commas = int(np.count_nonzero(np.frombuffer(raw, dtype=np.uint8) == _COMMA))
+    return commas + 1 if commas or raw.strip(b"[] \t\r\n") else 0
 
 
 def json_ids_ok(ids: JsonTokenIds) -> bool:

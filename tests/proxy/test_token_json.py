@@ -121,3 +121,10 @@ def test_the_scan_with_the_servers_count_reads_as_a_byte_by_byte_reading(inner: 
             values = None
         parsed = isinstance(values, list) and all(type(v) is int and v >= 0 for v in values) and len(values) == count
         assert ok is parsed
+
+
+@pytest.mark.parametrize(("raw", "count"), [(b"[]", 0), (b"[ ]", 0), (b"[7]", 1), (b"[1,2,3]", 3), (b"[1, 2, 3]", 3)])
+def test_a_streams_count_before_its_first_byte_reads_the_commas(raw: bytes, count: int) -> None:
+    ids = JsonTokenIds(raw)
+    assert json_ids_count(ids) == count and ids.checked is None  # the verdict waits for the stream's end
+    assert json_ids_ok(ids) and len(ids) == count
