@@ -38,6 +38,7 @@ from polar_cli.web.disconnect import client_gone, client_left
 
 log = logging.getLogger("polar.proxy.streaming")
 
+_BLANK = b" \t\x0b\x0c"  # what bytes.strip() removes, less the line ends
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 ABORT = ABORTED
 T = TypeVar("T")
@@ -57,20 +58,14 @@ async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) 
     async for piece in content.iter_any():
         buffer += piece
         while True:
-            cut = buffer.find(b"\n\n", searched)
+            cut = _frame_end(buffer, searched)
             if cut < 0:
                 searched = max(0, len(buffer) - 1)
                 break
-            with memoryview(buffer) as view:
-                frame = bytes(view[:cut])  # one copy (a slice of the bytearray would be a second)
+            values = _data_values(buffer, cut)
             del buffer[: cut + 2]
             searched = 0
-            # a frame is one data: line, as vLLM sends it: splitlines would walk its 200 KB byte by byte
-            lines = frame.splitlines() if b"\n" in frame or b"\r" in frame else (frame,)
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
+            for data in values:
                 if data == b"[DONE]":
                     return
                 try:
@@ -85,6 +80,35 @@ async def sse_chunks(content: Any, load: Callable[[bytes], Any] = orjson.loads) 
                     raise UpstreamStreamError(f"the backend failed mid-stream: {str(message)[:500]}")
                 yield chunk
     raise UpstreamStreamError("the backend's stream ended before data: [DONE]")
+
+
+def _data_values(buffer: bytearray, cut: int) -> list[bytes]:
+    """The stripped values of the ``data:`` lines of the frame ``buffer[:cut]``. A frame of one ``data:`` line, as
+    vLLM sends every chunk, has its value copied out of the buffer once (a 32K prompt's first chunk is 200 KB: copying
+    the frame, slicing and stripping it were three copies)."""
+    with memoryview(buffer) as view:
+        if buffer.startswith(b"data:") and buffer.find(b"\n", 0, cut) < 0 and buffer.find(b"\r", 0, cut) < 0:
+            start, end = 5, cut
+            while start < end and buffer[start] in _BLANK:
+                start += 1
+            while end > start and buffer[end - 1] in _BLANK:
+                end -= 1
+            return [bytes(view[start:end])]
+        frame = bytes(view[:cut])
+    return [line[5:].strip() for line in frame.splitlines() if line.startswith(b"data:")]
+
+
+def _frame_end(buffer: bytearray, start: int) -> int:
+    """Where the first ``\n\n`` at or after ``start`` begins, -1 if none. Each ``\n`` is found with one memchr:
+    ``find(b"\n\n")`` walks a 200 KB frame of digits at ~0.8 ns a byte (~160 us before a 32K stream's first byte),
+    a one-byte find at ~0.01."""
+    at = buffer.find(b"\n", start)
+    end = len(buffer) - 1
+    while 0 <= at < end:
+        if buffer[at + 1] == 10:  # "\n"
+            return at
+        at = buffer.find(b"\n", at + 1)
+    return -1
 
 
 class StreamAssembler:

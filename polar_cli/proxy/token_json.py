@@ -6,22 +6,26 @@ non-negative ints, and the text itself, which goes verbatim into the journal (``
 
 - :func:`split_prompt_ids` cuts the top-level ``prompt_token_ids`` array out of a body without parsing it;
 - :func:`loads_keeping_prompt_ids` parses the rest and puts the ids back as a :class:`JsonTokenIds`;
-- :func:`json_ids_count` and :func:`json_ids_ok` count and check the text as bytes (one C pass, remembered on the
-  object) against the server's own count: a stream counts its prompt at the start and checks it at the end, once
-  the usage chunk has said how many ids it sent, without a second pass.
+- :func:`json_ids_count` and :func:`json_ids_ok` count and check the text as bytes (numpy comparisons, the verdict
+  remembered on the object) against the server's own count: a stream counts its prompt's commas before its first
+  byte (~15 us for 32K ids) and checks the whole text at the end (~45 us), once the usage chunk has said how many ids
+  it sent.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 
 from polar_cli.models.chat import JsonTokenIds
 
 KEY = b'"prompt_token_ids":'
 _SPACE = b" \t\r\n"
-_DIGITS = b"0123456789"
+_COMMA = np.uint8(ord(","))
+_ZERO = np.uint8(ord("0"))
+_NINE = np.uint8(ord("9"))
 
 
 def split_prompt_ids(raw: bytes) -> tuple[bytes, JsonTokenIds] | None:
@@ -62,19 +66,17 @@ def loads_keeping_prompt_ids(raw: bytes) -> Any:
 
 
 def json_ids_count(ids: JsonTokenIds) -> int:
-    """How many ids the text holds: the known ``length``, else counted from the text (one pass, kept for
-    :func:`json_ids_ok`); no verdict yet (a stream counts its prompt at the start and checks it at the end, once the
-    server has said how many ids it sent)."""
+    """How many ids the text holds: the known ``length``, else its commas + 1 (one comparison over the bytes, ~15 us
+    for 32K ids); no verdict yet (a stream counts its prompt before its first byte and checks it at the end, once the
+    server has said how many ids it sent: a text the check refuses ends the stream in an error event, so a count read
+    off an odd text is never journaled)."""
     if ids.length >= 0:
         return ids.length
-    commas = _commas(ids)
-    if commas >= 0:
-        return commas + 1 if ids.raw != b"[]" else 0
-    try:
-        values = orjson.loads(ids.raw)
-    except orjson.JSONDecodeError:
-        return 0
-    return len(values) if isinstance(values, list) else 0
+    if ids.commas is not None and ids.commas >= 0:
+        return ids.commas + 1 if ids.raw != b"[]" else 0
+    raw = ids.raw
+    commas = int(np.count_nonzero(np.frombuffer(raw, dtype=np.uint8) == _COMMA))
+    return commas + 1 if commas or raw.strip(b"[] \t\r\n") else 0
 
 
 def json_ids_ok(ids: JsonTokenIds) -> bool:
@@ -82,9 +84,10 @@ def json_ids_ok(ids: JsonTokenIds) -> bool:
     that was unknown (``length`` -1) is set from the text.
 
     With the server's count (vLLM's ``usage.prompt_tokens``, in every answer and at the end of every stream the proxy
-    asks for): one C pass that must leave ``[,,,]``, with one comma fewer than that count; the digits between are
-    trusted to be that many ids (a server that sent ``[1,,2]`` with a count of 3 is not caught here: a reader skips
-    that line, with a warning). Without a count, or for any other text (whitespace), the ids are parsed."""
+    asks for): one scan in which every byte between the brackets is a digit or a comma, with one comma fewer than
+    that count; the digits between are trusted to be that many ids (a server that sent ``[1,,2]`` with a count of 3
+    is not caught here: a reader skips that line, with a warning). Without a count, or for any other text
+    (whitespace), the ids are parsed."""
     if ids.checked is None:
         ids.checked = _check(ids)
     return ids.checked
@@ -93,12 +96,21 @@ def json_ids_ok(ids: JsonTokenIds) -> bool:
 def _commas(ids: JsonTokenIds) -> int:
     """The commas of a plain ``[1,2,3]`` text (digits and commas, no comma first or last), -1 for anything else."""
     if ids.commas is None:
-        raw = ids.raw
-        rest = raw.translate(None, _DIGITS)  # the costly part: ~0.6 ns a byte
-        commas = len(rest) - 2
-        plain = commas >= 0 and rest == b"[" + b"," * commas + b"]" and raw[1:2] != b"," != raw[-2:-1]
-        ids.commas = commas if plain else -1
+        ids.commas = _plain_commas(ids.raw)
     return ids.commas
+
+
+def _plain_commas(raw: bytes) -> int:
+    if raw == b"[]":
+        return 0
+    if len(raw) < 3 or raw[:1] != b"[" or raw[-1:] != b"]" or raw[1:2] == b"," or raw[-2:-1] == b",":
+        return -1
+    # three vectorized comparisons over the bytes between the brackets (~0.2 ns a byte; bytes.translate took ~0.6):
+    # every byte that is not a digit must be a comma
+    inner = np.frombuffer(raw, dtype=np.uint8, count=len(raw) - 2, offset=1)
+    commas = int(np.count_nonzero(inner == _COMMA))
+    others = int(np.count_nonzero(inner < _ZERO)) + int(np.count_nonzero(inner > _NINE))
+    return commas if others == commas else -1
 
 
 def _check(ids: JsonTokenIds) -> bool:
@@ -118,4 +130,4 @@ def _check(ids: JsonTokenIds) -> bool:
         return False
     if ids.length < 0:
         ids.length = len(values)
-    return True
+    return len(values) == ids.length  # with the server's count, the parsed text holds that many too

@@ -17,6 +17,8 @@ import openai
 import pytest
 from google import genai
 from google.genai import types
+from hypothesis import given
+from hypothesis import strategies as st
 
 from polar_cli.builders import build_trajectory
 from polar_cli.models import Completion
@@ -178,6 +180,27 @@ def test_a_frame_of_several_lines_still_yields_its_data_lines() -> None:
         return [c async for c in sse_chunks(_Pieces(raw, [5, 1]))]
 
     assert asyncio.run(read()) == [{"a": 1}, {"b": 2}]
+
+
+@given(
+    st.lists(
+        st.sampled_from(['data: {"a":1}', 'data:{"b":[1,2]}', 'data: \t{"c":3} \t', ": note", "id: 7"]), max_size=4
+    )
+    .map("\n".join)
+    .filter(lambda frame: "data:" in frame)
+    .flatmap(lambda frame: st.tuples(st.just(frame), st.lists(st.integers(1, 9), min_size=1, max_size=5))),
+)
+def test_frames_end_at_the_first_blank_line_however_the_bytes_are_cut(case: tuple[str, list[int]]) -> None:
+    """A frame's lines (single newlines) never end it; the blank line does, also when it is cut between two pieces;
+    a data: value is read with or without blanks around it, in a frame of one line or of several."""
+    frame, sizes = case
+    raw = (frame + "\n\n").encode() * 3 + b"data: [DONE]\n\n"
+    expected = [json.loads(line[5:]) for line in frame.split("\n") if line.startswith("data:")] * 3
+
+    async def read() -> list[dict[str, Any]]:
+        return [c async for c in sse_chunks(_Pieces(raw, sizes))]
+
+    assert asyncio.run(read()) == expected
 
 
 @pytest.mark.parametrize("bad", ["not_ints", "miscounted"])

@@ -96,3 +96,35 @@ def test_nothing_is_accepted_that_would_not_read_back_as_ids(raw: bytes) -> None
         values: Any = orjson.loads(raw)
         assert isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
         assert len(values) == len(ids)
+
+
+
+@given(
+    st.one_of(
+        st.text(alphabet="0123456789,", max_size=40).map(str.encode),
+        st.binary(max_size=40),  # every byte value: one below "0" wraps around in the scan and must not pass as a digit
+    )
+)
+def test_the_scan_with_the_servers_count_reads_as_a_byte_by_byte_reading(inner: bytes) -> None:
+    """With the server's count the text is accepted by its bytes alone: digits and single commas between the brackets,
+    as many ids as the count (documented trust: ``[1,,2]`` with a count of 3 passes); anything else must parse."""
+    raw = b"[" + inner + b"]"
+    count = inner.count(b",") + 1 if inner else 0
+    plain = all(c in b"0123456789," for c in inner) and not inner.startswith(b",") and not inner.endswith(b",")
+    ok = json_ids_ok(JsonTokenIds(raw, count))
+    if plain:
+        assert ok
+    else:
+        try:
+            values: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            values = None
+        parsed = isinstance(values, list) and all(type(v) is int and v >= 0 for v in values) and len(values) == count
+        assert ok is parsed
+
+
+@pytest.mark.parametrize(("raw", "count"), [(b"[]", 0), (b"[ ]", 0), (b"[7]", 1), (b"[1,2,3]", 3), (b"[1, 2, 3]", 3)])
+def test_a_streams_count_before_its_first_byte_reads_the_commas(raw: bytes, count: int) -> None:
+    ids = JsonTokenIds(raw)
+    assert json_ids_count(ids) == count and ids.checked is None  # the verdict waits for the stream's end
+    assert json_ids_ok(ids) and len(ids) == count
