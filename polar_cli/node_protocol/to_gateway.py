@@ -66,6 +66,12 @@ class GatewayClient:
             client = self._clients[node.url] = httpx.AsyncClient(timeout=self.timeout, verify=self._tls)
         return client
 
+    async def forget(self, url: str) -> None:
+        """Close the pool for ``url`` (a node registered again elsewhere): a later call there opens a new one."""
+        client = self._clients.pop(url, None)
+        if client is not None:
+            await client.aclose()
+
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:

@@ -376,7 +376,10 @@ class RolloutServer:
         await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots)
         node = await self.threads.read(self.store.node, node_id)
         assert node is not None
+        before = self._nodes.get(node_id)
         self._nodes[node_id] = node
+        if before is not None and before.url != url and all(known.url != before.url for known in self._nodes.values()):
+            await self.gateways.forget(before.url)  # its pool's connections went to a gateway that is gone
         self._node_tokens = {token_digest(known.token) for known in self._nodes.values()}
         self._live[node_id] = NodeLive(last_seen=time.monotonic())
         held = set(body.held_results)

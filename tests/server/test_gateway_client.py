@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
-from polar_cli.node_protocol import GatewayClient
+from polar_cli.node_protocol import GatewayClient, NodeCapacity, RegisterBody
+from polar_cli.server.config import ServerConfig
+from polar_cli.server.service import RolloutServer
 from polar_cli.web.errors import json_response
 
 NODES = 30
@@ -54,3 +57,45 @@ def test_each_node_keeps_its_connection_across_rounds_of_calls_to_every_node() -
 
     asyncio.run(rounds())
     assert [len(seen) for seen in peers] == [1] * NODES  # one connection per node, reused, never reopened
+
+
+def test_a_forgotten_node_url_gets_a_new_connection() -> None:
+    """A node that registers again at another URL: the server closes the pool of the old one (none is kept per URL a
+    node ever had)."""
+    peers: list[set[tuple[str, int]]] = [set()]
+
+    async def calls() -> None:
+        runners, [node] = await _gateways(peers)
+        try:
+            async with GatewayClient(timeout=10) as gateways:
+                await gateways.inference(node)
+                await gateways.inference(node)
+                await gateways.forget(node.url)
+                await gateways.forget(node.url)  # not known any more: nothing to close
+                await gateways.inference(node)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(calls())
+    assert len(peers[0]) == 2
+
+
+def test_a_node_registering_at_another_url_has_the_old_urls_pool_closed(tmp_path: Path) -> None:
+    peers: list[set[tuple[str, int]]] = [set(), set()]
+
+    async def move() -> None:
+        runners, [first, second] = await _gateways(peers)
+        try:
+            async with RolloutServer(ServerConfig(data_dir=tmp_path, token="t" * 32)) as server:
+                capacity = NodeCapacity(run_slots=1)
+                await server.register(RegisterBody(url=first.url, token="tok", node_id="n1", capacity=capacity))
+                await server.gateways.inference(first)
+                await server.register(RegisterBody(url=second.url, token="tok", node_id="n1", capacity=capacity))
+                await server.gateways.inference(first)  # the old URL, asked again: a new connection
+                assert len(peers[0]) == 2
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    asyncio.run(move())
