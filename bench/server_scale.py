@@ -1,8 +1,11 @@
 """Benchmark: the rollout server with 10,000, 30,000 and 100,000 sessions in flight at once on simulated gateways.
 
 The real server (``polar_cli.server``: SQLite, scheduler, HTTP routes) runs in a child process of its own, so its RSS
-is read cleanly from ``/proc/<pid>/status`` and it can be killed with SIGKILL. This process runs the simulated gateway
-nodes and the trainer:
+is read cleanly from ``/proc/<pid>/status`` and it can be killed with SIGKILL. The simulated gateway nodes run in a
+second child process (``Fleet``) and the trainer in this one, so the server's figures are the server's: with the
+gateways in the trainer's process (as before), 20 gateways' event-loop time and the submissions' shared one loop, and on
+a small machine the figures measured that loop as much as the server. The three processes still share the machine's
+cores: on 2 cores the server gets about one.
 
 - each simulated gateway is a small aiohttp app speaking the node side of docs/service.md: it registers (``POST
   /nodes/register``), heartbeats its load and held sessions, accepts ``POST /sessions`` (201) and ``POST
@@ -327,6 +330,82 @@ class SimGateway:
             await self.runner.cleanup()
 
 
+# ---- the simulated gateways, in a process of their own ---------------------------------------------------------
+
+
+@dataclass
+class Burst:
+    """What the fleet's process reports once every session of a burst has arrived."""
+
+    at: dict[str, float]
+    task_of: dict[str, str]
+
+
+def _fleet_child(nodes: int, slots: int, url: str, token: str, conn: Connection) -> None:
+    """Child process: ``nodes`` simulated gateways of ``slots`` run slots each, registered at ``url``; does what the
+    parent asks over ``conn`` (``Fleet``) until it asks ``close``."""
+    asyncio.run(_fleet_main(nodes, slots, url, token, conn))
+
+
+async def _fleet_main(count: int, slots: int, url: str, token: str, conn: Connection) -> None:
+    arrivals = Arrivals()
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as http:
+        callbacks = asyncio.Semaphore(64)
+        nodes = [SimGateway(f"sim-{i}", slots, arrivals, http, callbacks) for i in range(count)]
+        await asyncio.gather(*(node.start(url, token) for node in nodes))
+        conn.send("started")
+        while True:
+            command, arg = await loop.run_in_executor(None, conn.recv)
+            if command == "burst":  # every session of the burst arrived: when each did
+                arrivals.target = arg
+                await arrivals.reached.wait()
+                conn.send(Burst(at=arrivals.at, task_of=arrivals.task_of))
+            elif command == "looked_up":
+                conn.send(arrivals.looked_up)
+            elif command == "release":  # every session called back
+                for node in nodes:
+                    node.release()
+                while any(node.held for node in nodes):
+                    await asyncio.sleep(0.05)
+                conn.send((arrivals.peak_in_flight, arrivals.again))
+            elif command == "close":
+                await asyncio.gather(*(node.close() for node in nodes))
+                conn.send("closed")
+                return
+
+
+class Fleet:
+    """The simulated gateways in a child process: the server is measured apart from them (in the trainer's process
+    too they took the same cores' event-loop time as the submissions, and the figures were theirs as much as the
+    server's). Arrival times are ``time.perf_counter`` there, the same monotonic clock as here."""
+
+    def __init__(self, nodes: int, slots: int, url: str, token: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_fleet_child, args=(nodes, slots, url, token, child), daemon=True)
+        self.process.start()
+        child.close()
+
+    async def ask(self, command: str, arg: Any = None, timeout: float = 120.0) -> Any:
+        self.parent.send((command, arg))
+        if not await asyncio.to_thread(self.parent.poll, timeout):
+            raise SystemExit(f"the simulated gateways did not answer {command!r} within {timeout:.0f} s")
+        return self.parent.recv()
+
+    async def started(self) -> None:
+        if not await asyncio.to_thread(self.parent.poll, 120):
+            raise SystemExit("the simulated gateways did not start within 120 s")
+        self.parent.recv()
+
+    def stop(self) -> None:
+        self.parent.close()
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(30)
+
+
 # ---- the benchmark ----------------------------------------------------------------------------------------------
 
 
@@ -418,17 +497,13 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
     with tempfile.TemporaryDirectory(prefix="polar-server-bench-", dir=args.data_dir) as data_dir:
         server = ServerProcess(data_dir, token, args.heartbeat, port, profile)
         url = await asyncio.to_thread(server.wait_url)
-        arrivals = Arrivals()
-        connector = aiohttp.TCPConnector(limit=256)
+        fleet = Fleet(args.nodes, slots, url, token)
         try:
-            async with (aiohttp.ClientSession(connector=connector) as http,
-                        AsyncPolarClient(url, token, timeout=300) as client):  # fmt: skip
-                callbacks = asyncio.Semaphore(64)
-                nodes = [SimGateway(f"sim-{i}", slots, arrivals, http, callbacks) for i in range(args.nodes)]
-                await asyncio.gather(*(node.start(url, token) for node in nodes))
+            async with AsyncPolarClient(url, token, timeout=300) as client:
+                await fleet.started()
 
                 # 1. burst: every session held at its gateway until all have arrived; the status probed meanwhile
-                arrivals.target = total
+                arrived = asyncio.create_task(fleet.ask("burst", total, args.timeout))
                 submitted_at: dict[str, float] = {}
                 limit = asyncio.Semaphore(args.concurrency)
 
@@ -441,7 +516,7 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
                 busy: list[float] = []
 
                 async def probe_status() -> None:
-                    while not arrivals.reached.is_set():
+                    while not arrived.done():
                         start = time.perf_counter()
                         await client.service_status()
                         busy.append((time.perf_counter() - start) * 1000)
@@ -450,10 +525,10 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
                 prober = asyncio.create_task(probe_status())
                 first = time.perf_counter()
                 await asyncio.gather(*(submit(i) for i in range(tasks)))
-                await asyncio.wait_for(arrivals.reached.wait(), args.timeout)
+                burst: Burst = await arrived
                 await prober
-                last = max(arrivals.at.values())
-                latencies = [(at - submitted_at[arrivals.task_of[s]]) * 1000 for s, at in arrivals.at.items()]
+                last = max(burst.at.values())
+                latencies = [(at - submitted_at[burst.task_of[s]]) * 1000 for s, at in burst.at.items()]
 
                 # 2. all in flight: status latencies, memory
                 status_ms = await timed(client.service_status, 20)
@@ -467,7 +542,7 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
                 if profile:
                     os.kill(server.pid, signal.SIGUSR1)
                     await until(lambda: asyncio.sleep(0.5, Path(profile).exists()), 60, "the server's profile")
-                looked_up = burst_look_ups = arrivals.looked_up
+                looked_up = burst_look_ups = await fleet.ask("looked_up")
                 killed = time.perf_counter()
                 server.kill9()
                 server = ServerProcess(data_dir, token, args.heartbeat, port, "")
@@ -493,29 +568,27 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
 
                 await until(reconciled, args.timeout, "the restarted server's reconciliation")
                 reconciled_s = time.perf_counter() - killed
-                looked_up = arrivals.looked_up - looked_up
+                looked_up = await fleet.ask("looked_up") - looked_up
                 peak = max(peak, rss_mib(server.pid)[1])
 
                 # 4. drain: every session called back once; nothing lost, nothing run twice
                 released = time.perf_counter()
-                for node in nodes:
-                    node.release()
-                while any(node.held for node in nodes):
-                    await asyncio.sleep(0.05)
+                peak_in_flight, run_twice = await fleet.ask("release", timeout=args.timeout)
                 drain_s = time.perf_counter() - released
                 done = await client.service_status()
                 peak = max(peak, rss_mib(server.pid)[1])
-                await asyncio.gather(*(node.close() for node in nodes))
+                await fleet.ask("close")
         finally:
+            await asyncio.to_thread(fleet.stop)
             await asyncio.to_thread(server.stop)
     finished = done.sessions.get("finished", 0)
     return SizeRow(
-        in_flight=arrivals.peak_in_flight, per_session_ms=(last - first) * 1000 / total,
+        in_flight=peak_in_flight, per_session_ms=(last - first) * 1000 / total,
         p50_ms=percentile(latencies, 0.5), p99_ms=percentile(latencies, 0.99),
         status_busy_ms=(percentile(busy, 0.5), max(busy, default=float("nan"))), status_ms=status_ms,
         task_status_ms=task_status_ms, rss_mib=rss_now, peak_rss_mib=peak, serving_s=serving_s,
         reconciled_s=reconciled_s, looked_up=looked_up, burst_look_ups=burst_look_ups, lost=total - finished,
-        run_twice=arrivals.again,
+        run_twice=run_twice,
         results_per_s=total / drain_s, tasks={str(k): v for k, v in done.tasks.items()},
     )  # fmt: skip
 

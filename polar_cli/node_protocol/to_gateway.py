@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, Protocol
 
 import httpx
@@ -42,15 +43,51 @@ class NodeAddress(Protocol):
 
 
 class GatewayClient:
-    """Calls a node's routes over ``client`` (the server's one kept-alive HTTP client); each call answers a Reply."""
+    """Calls a node's routes, each over that node's own kept-alive connections; each call answers a Reply.
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
+    One connection pool per node rather than one for every node: an HTTP client's pool does bookkeeping over all its
+    connections on each request (httpcore checks each one's expiry, and counts the idle ones once per connection), and
+    keeps only 20 idle ones alive, so with tens of gateways one shared pool closed and reopened connections under a
+    burst and spent most of a dispatch's event-loop time on the pool. A node's pool holds the few calls sent to it at
+    once (dispatch sends at most two to a node at a time), whatever the number of nodes."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._tls: ssl.SSLContext | None = None
+        """Shared by the pools: building one reads the CA bundle (about 20 ms), once, not once per node."""
+
+    def _client(self, node: NodeAddress) -> httpx.AsyncClient:
+        """The pool for ``node``'s URL (a node registering again at another URL gets another)."""
+        client = self._clients.get(node.url)
+        if client is None:
+            if self._tls is None:
+                self._tls = httpx.create_ssl_context()
+            client = self._clients[node.url] = httpx.AsyncClient(timeout=self.timeout, verify=self._tls)
+        return client
+
+    async def forget(self, url: str) -> None:
+        """Close the pool for ``url`` (a node registered again elsewhere): a later call there opens a new one."""
+        client = self._clients.pop(url, None)
+        if client is not None:
+            await client.aclose()
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def create_sessions(self, node: NodeAddress, batch: SessionBatch) -> Reply[SessionBatchAnswer]:
         """``POST /sessions/batch``."""
         body = batch.model_dump_json().encode()
-        return await call(self.client, "POST", f"{node.url}/sessions/batch", node.token, SessionBatchAnswer, body=body)
+        url = f"{node.url}/sessions/batch"
+        return await call(self._client(node), "POST", url, node.token, SessionBatchAnswer, body=body)
 
     async def create_session(
         self, node: NodeAddress, task: dict[str, Any], sample_index: int, session_id: str, attempt: int
@@ -59,16 +96,16 @@ class GatewayClient:
         only from ``task.metadata.polar_attempt`` and refuses fields it does not know, so that is how it is sent."""
         task = {**task, "metadata": {**task["metadata"], ATTEMPT_KEY: attempt}}
         body = SingleSession(task=TaskRequest.model_validate(task), sample_index=sample_index, session_id=session_id)
-        return await call(self.client, "POST", f"{node.url}/sessions", node.token, SessionCreated,
+        return await call(self._client(node), "POST", f"{node.url}/sessions", node.token, SessionCreated,
                           body=body.model_dump_json(exclude_unset=True).encode())  # fmt: skip
 
     async def cancel(self, node: NodeAddress, session_id: str) -> Reply[SessionResult]:
         """``DELETE /sessions/{id}``: the node cancels the session (its answer is the cancelled result)."""
-        return await call(self.client, "DELETE", f"{node.url}/sessions/{session_id}", node.token, SessionResult)
+        return await call(self._client(node), "DELETE", f"{node.url}/sessions/{session_id}", node.token, SessionResult)
 
     async def look_up(self, node: NodeAddress, session_id: str) -> Reply[SessionInfo]:
         """``GET /sessions/{id}``: where the session is on the node, and its result once it has one."""
-        return await call(self.client, "GET", f"{node.url}/sessions/{session_id}", node.token, SessionInfo)
+        return await call(self._client(node), "GET", f"{node.url}/sessions/{session_id}", node.token, SessionInfo)
 
     # ---- control: the inference pool -----------------------------------------------------------------------------
     # One method each, sending a model of ``polar_cli.node_protocol.messages`` to its route in
@@ -77,7 +114,7 @@ class GatewayClient:
 
     async def inference(self, node: NodeAddress) -> Reply[PoolStatus]:
         """``GET /inference``: the node's pool."""
-        return await call(self.client, "GET", f"{node.url}/inference", node.token, PoolStatus)
+        return await call(self._client(node), "GET", f"{node.url}/inference", node.token, PoolStatus)
 
     async def pause(self, node: NodeAddress, body: PauseBody) -> Reply[PoolStatus]:
         """``POST /inference/pause``: answered once the pool is quiet (``wait``) or its calls are frozen (``keep``)."""
@@ -107,5 +144,5 @@ class GatewayClient:
         self, method: str, node: NodeAddress, path: str, body: BaseModel, answer: type[A], waits: float = 0.0
     ) -> Reply[A]:
         timeout = waits + CONTROL_MARGIN_S if waits > 0 else None  # None: the client's own
-        return await call(self.client, method, f"{node.url}{path}", node.token, answer,
+        return await call(self._client(node), method, f"{node.url}{path}", node.token, answer,
                           body=body.model_dump_json().encode(), timeout=timeout)  # fmt: skip

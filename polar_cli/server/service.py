@@ -85,8 +85,8 @@ SESSIONS_PER_CALL = 256
 SENDS_PER_NODE = 2
 """Calls to one gateway under way at once; sessions for it chosen meanwhile wait for the next call (``_send_batch``)."""
 SENDS_IN_FLIGHT = 64
-"""Calls to gateways under way at once (a batch is one call): more only queue inside the HTTP client's pool, whose
-bookkeeping grows with the square of its queue (1,000 sessions sent at once took seconds of event-loop time)."""
+"""Calls to gateways under way at once (a batch is one call): a bound on the sockets and bodies in flight (each node
+has a connection pool of its own, ``GatewayClient``)."""
 LOOKUPS_IN_FLIGHT = 16
 TASKS_CACHED = 4096
 """Task bodies kept as JSON for dispatch (a burst of many small tasks is sent interleaved across nodes)."""
@@ -119,7 +119,8 @@ class RolloutServer:
         self.threads = StoreThreads(store=self.store)
         self.token = self._resolve_token()
         self.client = httpx.AsyncClient(timeout=config.dispatch_timeout_s)
-        self.gateways = GatewayClient(self.client)
+        """The trainer callbacks' client; gateways are called through ``gateways``, a pool per node."""
+        self.gateways = GatewayClient(timeout=config.dispatch_timeout_s)
         self.callbacks = CallbackSender(self.store, config.callbacks, self.client, self.threads)
         self.inference = InferenceControl(
             self.store, self.threads, self.gateways, self._live_nodes, config.initial_policy_version
@@ -193,6 +194,7 @@ class RolloutServer:
         await asyncio.gather(*self._loops, *self._background, return_exceptions=True)
         self._loops.clear()
         await self.client.aclose()
+        await self.gateways.aclose()
         await asyncio.to_thread(self.threads.close)
         self.store.close()
 
@@ -374,7 +376,10 @@ class RolloutServer:
         await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots)
         node = await self.threads.read(self.store.node, node_id)
         assert node is not None
+        before = self._nodes.get(node_id)
         self._nodes[node_id] = node
+        if before is not None and before.url != url and all(known.url != before.url for known in self._nodes.values()):
+            await self.gateways.forget(before.url)  # its pool's connections went to a gateway that is gone
         self._node_tokens = {token_digest(known.token) for known in self._nodes.values()}
         self._live[node_id] = NodeLive(last_seen=time.monotonic())
         held = set(body.held_results)

@@ -137,8 +137,8 @@ def test_the_node_client_answers_any_node_error_as_that_nodes_reply(url: str, to
     node = NodeRow(node_id="old", url=url, token=token, run_slots=1, draining=False)
 
     async def ask() -> None:
-        async with httpx.AsyncClient(timeout=5) as client:
-            reply = await GatewayClient(client).inference(node)
+        async with GatewayClient(timeout=5) as gateways:
+            reply = await gateways.inference(node)
         assert reply.status is None and reply.answer is None and reply.error, reply
 
     asyncio.run(ask())
