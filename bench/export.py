@@ -53,6 +53,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_cli.export import ExportOptions, export
+from polar_cli.gateway.results import fsync_path
 from polar_cli.generate.ledger import ExportedResult, ResultRow, split_result, unpack_tokens
 from polar_cli.models import AgentSpec, SessionResult, TaskRequest
 
@@ -145,7 +146,7 @@ def one_export(n: int, args: argparse.Namespace) -> dict[str, float]:
         files = [p for p in out.rglob("*") if p.is_file()]
         if args.fsync:
             for path in files:
-                synced(path)
+                fsync_path(path)
         seconds = time.perf_counter() - start
         size = sum(p.stat().st_size for p in files)
     finally:
@@ -208,20 +209,12 @@ def one_parquet(n: int, args: argparse.Namespace) -> dict[str, float]:
             for done in range(0, n, batch_rows):
                 writer.write_table(batch.slice(0, min(batch_rows, n - done)))
         if args.fsync:
-            synced(path)
+            fsync_path(path)
         seconds = time.perf_counter() - start
         size = path.stat().st_size
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return measured(n, tokens, seconds, size)
-
-
-def synced(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def raw_bytes(prompt: int, turns: int, interstitial: int) -> int:

@@ -42,7 +42,7 @@ class ResultStore:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
-        _fsync_dir(self.root)  # the rename itself must survive a crash too
+        fsync_path(self.root)  # the rename itself must survive a crash too
         return target
 
     def read(self, session_id: str) -> SessionResult:
@@ -61,7 +61,8 @@ class ResultStore:
         return sorted(p.stem for p in self.root.glob("*.json") if not p.name.startswith("."))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file or a folder (its entries: a rename into it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
