@@ -1,4 +1,4 @@
-"""How the suite splits over pytest-xdist workers (``.ci/run`` runs ``pytest -n 2 --dist loadgroup``).
+"""How the suite splits over pytest-xdist workers (``POLAR_TEST_WORKERS=2 .ci/run``: ``pytest -n 2 --dist loadgroup``).
 
 Every test gets an ``xdist_group``: its own file by default, so a module's servers (module-scoped fixtures) start once,
 on one worker. Every test that needs a vLLM server goes to one group, ``vllm``: the servers are session fixtures, and
