@@ -3,9 +3,21 @@
 Plain functions over Polar's models; no trainer is imported when this package is (each output's ``to_native()``
 imports its trainer when called); :mod:`polar_cli.trainers.tensorboard` names a step's rollout statistics for any
 ``SummaryWriter``. The shared rules (which traces are samples, status, mask, flat logprobs) are in
-:mod:`polar_cli.trainers.rules`.
+:mod:`polar_cli.trainers.rules`; advantages (GRPO, Dr. GRPO, RLOO, task normalization) in
+:mod:`polar_cli.trainers.advantages`.
 """
 
+from polar_cli.trainers.advantages import (
+    AdvantageConfig,
+    Estimator,
+    dr_grpo,
+    estimate,
+    group_advantages,
+    grpo,
+    rloo,
+    sample_advantages,
+    task_normalize,
+)
 from polar_cli.trainers.rules import (
     SampleStatus,
     TraceRule,
@@ -18,7 +30,13 @@ from polar_cli.trainers.rules import (
 )
 from polar_cli.trainers.slime import SlimeSample, slime_groups, slime_sample, slime_samples
 from polar_cli.trainers.tensorboard import step_scalars, write_step
-from polar_cli.trainers.trl import TrlRolloutOutput, distinct_prompts, polar_reward_func, trl_rollout
+from polar_cli.trainers.trl import (
+    TrlRolloutOutput,
+    distinct_prompts,
+    polar_advantage_func,
+    polar_reward_func,
+    trl_rollout,
+)
 from polar_cli.trainers.verl import (
     VerlAgentLoopMetrics,
     VerlAgentLoopOutput,
@@ -28,6 +46,8 @@ from polar_cli.trainers.verl import (
 )
 
 __all__ = [
+    "AdvantageConfig",
+    "Estimator",
     "SampleStatus",
     "SlimeSample",
     "TraceRule",
@@ -36,8 +56,15 @@ __all__ = [
     "VerlAgentLoopMetrics",
     "VerlAgentLoopOutput",
     "distinct_prompts",
+    "dr_grpo",
+    "estimate",
     "flat_logprobs",
+    "group_advantages",
+    "grpo",
+    "polar_advantage_func",
     "polar_reward_func",
+    "rloo",
+    "sample_advantages",
     "sample_status",
     "samples",
     "select_traces",
@@ -45,6 +72,7 @@ __all__ = [
     "slime_sample",
     "slime_samples",
     "step_scalars",
+    "task_normalize",
     "trace_sample",
     "trl_rollout",
     "verl_output",
