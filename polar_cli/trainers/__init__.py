@@ -4,7 +4,7 @@ Plain functions over Polar's models; no trainer is imported when this package is
 imports its trainer when called); :mod:`polar_cli.trainers.tensorboard` names a step's rollout statistics for any
 ``SummaryWriter``. The shared rules (which traces are samples, status, mask, flat logprobs) are in
 :mod:`polar_cli.trainers.rules`; advantages (GRPO, Dr. GRPO, RLOO, task normalization) in
-:mod:`polar_cli.trainers.advantages`.
+:mod:`polar_cli.trainers.advantages`; reward shaping, which the gateway applies, in :mod:`polar_cli.trainers.shaping`.
 """
 
 from polar_cli.trainers.advantages import (
@@ -28,6 +28,7 @@ from polar_cli.trainers.rules import (
     select_traces,
     trace_sample,
 )
+from polar_cli.trainers.shaping import overlong_penalty, shape_reward, shape_trajectory
 from polar_cli.trainers.slime import SlimeSample, slime_groups, slime_sample, slime_samples
 from polar_cli.trainers.tensorboard import step_scalars, write_step
 from polar_cli.trainers.trl import (
@@ -61,6 +62,7 @@ __all__ = [
     "flat_logprobs",
     "group_advantages",
     "grpo",
+    "overlong_penalty",
     "polar_advantage_func",
     "polar_reward_func",
     "rloo",
@@ -68,6 +70,8 @@ __all__ = [
     "sample_status",
     "samples",
     "select_traces",
+    "shape_reward",
+    "shape_trajectory",
     "slime_groups",
     "slime_sample",
     "slime_samples",
