@@ -112,7 +112,8 @@ def task_normalize(
     dominates the batch. ``advantages[i]`` is one per response token (or one number, the sample's, for every token);
     ``masks[i]`` the sample's loss mask; ``families[i]`` its family. Mask-0 tokens come out 0. A family whose mask-1
     advantages are all equal (every group of it had equal rewards, or it has one mask-1 token) comes out all 0; so
-    does a family without a mask-1 token."""
+    does a family without a mask-1 token, and one whose spread is too small for its standard deviation to be above 0
+    in floating point."""
     if not len(advantages) == len(masks) == len(families):
         counts = f"{len(advantages)} advantages, {len(masks)} masks, {len(families)} families"
         raise ValueError(f"{counts}: one of each per sample")
@@ -131,6 +132,8 @@ def task_normalize(
         if pooled.size == 0 or bool(np.all(pooled == pooled[0])):
             continue
         mean, std = pooled.mean(), pooled.std()
+        if not std > 0:  # a spread so small its square underflows: nothing to scale
+            continue
         for i in members:
             out[i][selected[i]] = (tokens[i][selected[i]] - mean) / std
     return out
