@@ -4,7 +4,9 @@ tokens), invariants under hypothesis, and the adapters' ``advantages=``."""
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from polar_cli.trainers import (
     trl_rollout,
     verl_outputs,
 )
+from tests.support.docs import ROOT, code_blocks
 from tests.trainers.helpers import make_result, make_trace
 
 ESTIMATORS = (grpo, dr_grpo, rloo)
@@ -229,3 +232,21 @@ def test_the_advantage_config_is_strict() -> None:
     with pytest.raises(ValidationError, match="extra"):
         AdvantageConfig.model_validate({"normalise_by": "env"})
 
+
+def test_the_advantages_snippet_of_the_docs_runs() -> None:
+    marker = "tests/trainers/test_advantages.py::test_the_advantages_snippet_of_the_docs_runs"
+    [snippet] = [b for b in code_blocks(ROOT / "docs" / "trainers.md") if b.tested_by == marker]
+    scope: dict[str, Any] = {}
+    exec(snippet.text, scope)
+    # each call the snippet makes gives what its comment says (to the 3 decimals shown)
+    lines = snippet.text.splitlines()
+    for node in ast.parse(snippet.text).body:
+        if not isinstance(node, ast.Expr):
+            continue
+        value = eval(compile(ast.Expression(node.value), "snippet", "eval"), scope)
+        comment = lines[node.end_lineno - 1].partition("#")[2] or lines[node.end_lineno].partition("#")[2]
+        groups = re.findall(r"\[([^\]]*)\]", comment)  # the bracketed values: every sample's for task_normalize
+        groups = groups if isinstance(value, list) else groups[:1]
+        shown = [float(x) for group in groups for x in group.split(",")]
+        got = [float(x) for x in (np.concatenate(value) if isinstance(value, list) else value)]
+        assert got == pytest.approx(shown, abs=1e-3), (ast.unparse(node), comment)
