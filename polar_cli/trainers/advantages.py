@@ -56,8 +56,8 @@ def grpo(rewards: ArrayLike, eps: float = DEFAULT_EPS) -> NDArray[np.float64]:
 
 
 def dr_grpo(rewards: ArrayLike) -> NDArray[np.float64]:
-    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", section 3.1): mean-centred only, no division
-    by the group's standard deviation (which favours groups that are nearly all right or all wrong)::
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783): mean-centred only, no
+    division by the group's standard deviation (which favours groups that are nearly all right or all wrong)::
 
         A_i = r_i - mean(r)
 
@@ -69,8 +69,8 @@ def dr_grpo(rewards: ArrayLike) -> NDArray[np.float64]:
 
 
 def rloo(rewards: ArrayLike) -> NDArray[np.float64]:
-    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"): each sample's baseline is
-    the mean of the others' rewards::
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740): each
+    sample's baseline is the mean of the others' rewards::
 
         A_i = r_i - (1 / (n - 1)) * sum_{j != i} r_j  =  n / (n - 1) * (r_i - mean(r))
 
