@@ -7,12 +7,13 @@ pure) and :class:`GroupRun`, the state of one ``groups()`` call (what to submit,
 
 The rules, for a task whose every session has finished:
 
-1. A session is usable when it completed, has a reward, and has at least one trainable trace (``trainable``: its role
-   gets the reward under the task's ``reward_to``) with a trainable token (``loss_mask`` holds a 1) and a reward. The
-   others are the group's ``dropped`` sessions, each with its cause. A session that captured no model call at all is
-   never usable (``no_model_call``); when every session of a task that ran (completed, timeout, limit or error)
-   captured none, the harness never reached the proxy, and ``groups()`` raises a PolarError naming the task rather
-   than train on nothing.
+1. A session is usable when it completed (or ended timeout, limit or error with the fixed reward the task's
+   ``evaluator.shaping`` declares for that ending), has a reward, and has at least one trainable trace
+   (``trainable``: its role gets the reward under the task's ``reward_to``) with a trainable token (``loss_mask``
+   holds a 1) and a reward. The others are the group's ``dropped`` sessions, each with its cause. A session that
+   captured no model call at all is never usable (``no_model_call``); when every session of a task that ran
+   (completed, timeout, limit or error) captured none, the harness never reached the proxy, and ``groups()`` raises
+   a PolarError naming the task rather than train on nothing.
 2. Fewer usable sessions than ``min_usable_fraction`` of ``num_samples``: the group is dropped (``too_few_usable``).
 3. ``max_staleness``: the server's policy version when the group is judged minus the oldest version of its usable
    traces is above it: dropped (``stale``).
@@ -152,7 +153,8 @@ def session_cause(result: SessionResult) -> tuple[SessionCause, str] | None:
     """Why ``result`` is not a usable sample (its cause and a sentence), or None when it is."""
     if result.status == "no_model_call":
         return "no_model_call", result.error or "not one model call reached the proxy"
-    if result.status != "completed":
+    shaped_ending = result.shaping is not None and result.shaping.ending == result.status
+    if result.status != "completed" and not shaped_ending:
         detail = f"status {result.status}" + (f": {result.error}" if result.error else "")
         return "not_completed", detail + (" (no model call captured)" if captured_nothing(result) else "")
     if captured_nothing(result):

@@ -9,8 +9,9 @@ One step:
    reference agent (the ``shell`` harness) answering "Reply with digits only."; the proxy forces temperature 1.0 and
    caps each call at ``--max-tokens``; the ``test_on_output`` evaluator scores the answer in the session's runtime.
 2. building: each usable trace becomes a sample: prompt + response ids, its loss mask, its recorded logprobs (the
-   behaviour policy: vLLM's raw logprobs, which at temperature 1.0 are the sampling distribution's) and its GRPO
-   advantage (reward minus the group's mean, over the group's standard deviation).
+   behaviour policy: vLLM's raw logprobs, which at temperature 1.0 are the sampling distribution's) and its
+   advantage from ``polar_cli.trainers.advantages`` (``--advantage``: GRPO by default, the reward minus the group's
+   mean over the group's standard deviation; or Dr. GRPO, RLOO).
 3. training: ``--epochs`` full-batch PPO updates with the clipped importance ratio against the recorded logprobs,
    the loss on mask-1 tokens only.
 4. weight loading: ``save_pretrained`` into a new folder, ``client.load_weights(folder)``: every vLLM replica reloads
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import secrets
 import shutil
@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import torch
@@ -46,6 +46,7 @@ from polar_cli.groups import Group, GroupConfig, GroupStats
 from polar_cli.harnesses.shell import REFERENCE_AGENT, reference_agent_source
 from polar_cli.models import TaskRequest
 from polar_cli.recompute import load_traces, recompute
+from polar_cli.trainers.advantages import Estimator, group_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "polar-demo"
@@ -189,17 +190,12 @@ class Sample:
     advantage: float
 
 
-def advantages(rewards: list[float]) -> list[float]:
-    """GRPO: each reward against its group, (r - mean) / (std + eps); all zero when the rewards are all equal."""
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    return [(r - mean) / (std + 1e-4) for r in rewards]
-
-
-def build_batch(groups: list[Group]) -> list[Sample]:
+def build_batch(groups: list[Group], estimator: Estimator = "grpo") -> list[Sample]:
+    """Every usable trace of ``groups``, each with its session's advantage in its group (``polar_cli.trainers``:
+    GRPO by default; all zero in a group whose rewards are all equal)."""
     samples = []
     for group in groups:
-        for result, advantage in zip(group.results, advantages(group.rewards), strict=True):
+        for result, advantage in zip(group.results, group_advantages(group, estimator).tolist(), strict=True):
             for trace in result.trajectory.traces:
                 if not trace.trainable or trace.reward is None or trace.response_logprobs is None:
                     continue
@@ -378,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
             results.write_text("".join(r.model_dump_json() + "\n" for g in groups for r in g.results))
 
             t = time.monotonic()
-            batch = build_batch(groups)
+            batch = build_batch(groups, args.advantage)
             seconds["building"] = time.monotonic() - t
 
             t = time.monotonic()
@@ -447,6 +443,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-2, help="AdamW learning rate")
     parser.add_argument("--epochs", type=int, default=2, help="PPO updates per batch")
     parser.add_argument("--clip", type=float, default=0.2, help="PPO clip range of the importance ratio")
+    parser.add_argument("--advantage", choices=get_args(Estimator), default="grpo",
+                        help="the advantage estimator (polar_cli.trainers.advantages)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="torch seed of the trainer")
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random weights")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")

@@ -35,6 +35,7 @@ from polar_cli.gateway.queues import StageQueue
 from polar_cli.gateway.results import ResultStore
 from polar_cli.metrics import GatewayMetrics
 from polar_cli.models import SessionResult, Trajectory, TrajectoryStatus
+from polar_cli.trainers.shaping import shape_reward, shape_trajectory
 
 log = logging.getLogger(__name__)
 
@@ -437,7 +438,14 @@ class StagedPipeline:
         trajectory = built.trajectory if built is not None else Trajectory(status=status)
         trajectory = trajectory.model_copy(update={"status": status, "session_id": job.session_id, "error": error})
         reward_to = job.task.evaluator.reward_to if job.task is not None else DEFAULT_REWARD_TO
-        trajectory = assign_rewards(trajectory, evaluation.reward if evaluation is not None else None, reward_to)
+        reward = evaluation.reward if evaluation is not None else None
+        shaping = job.task.evaluator.shaping if job.task is not None else None
+        shaped = None
+        if shaping is not None:  # the recorded reward is the shaped one (polar_cli/trainers/shaping.py says why)
+            sampled = sum(len(c.response_ids) for c in job.completions or [])
+            shaped = shape_reward(reward, status, sampled, shaping)
+            trajectory, reward = shape_trajectory(trajectory, shaped), shaped.reward
+        trajectory = assign_rewards(trajectory, reward, reward_to)
         metadata = dict(job.metadata)
         if outcome is not None:
             metadata["run_status"] = outcome.status
@@ -451,7 +459,8 @@ class StagedPipeline:
             sample_index=job.sample_index,
             status=status,
             trajectory=trajectory,
-            reward=evaluation.reward if evaluation is not None else None,
+            reward=reward,
+            shaping=shaped,
             num_completions=len(job.completions) if job.completions is not None else 0,
             stage_seconds=job.stage_seconds(),
             error=error,

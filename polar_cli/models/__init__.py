@@ -2,7 +2,16 @@
 
 from polar_cli.models.base import StrictModel, validate_model
 from polar_cli.models.completion import Completion, PromptSpan, Provider, TokenMode, TokenSource
-from polar_cli.models.rewards import HarnessRewards, RecentRewards, RewardStats, TaskRewards
+from polar_cli.models.rewards import (
+    AbnormalEnding,
+    HarnessRewards,
+    OverlongPenalty,
+    RecentRewards,
+    RewardShaping,
+    RewardStats,
+    ShapedReward,
+    TaskRewards,
+)
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     TRAINER_CALLBACK,
@@ -45,6 +54,7 @@ from polar_cli.models.trace import (
 __all__ = [
     "TERMINAL_TASK_STATES",
     "TRAINER_CALLBACK",
+    "AbnormalEnding",
     "AgentSpec",
     "BuilderSpec",
     "ChainRole",
@@ -56,12 +66,14 @@ __all__ = [
     "Mount",
     "NodeLoad",
     "NodeStatus",
+    "OverlongPenalty",
     "PolicyVersions",
     "PrepareAction",
     "PromptSpan",
     "Provider",
     "RecentRewards",
     "RewardAssignment",
+    "RewardShaping",
     "RewardStats",
     "RuntimeSpec",
     "SamplingSpec",
@@ -70,6 +82,7 @@ __all__ = [
     "SessionResult",
     "SessionResultCallback",
     "SessionState",
+    "ShapedReward",
     "StatusReport",
     "StrictModel",
     "SubmitAnswer",

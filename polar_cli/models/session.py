@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_cli.models.rewards import RewardStats
+from polar_cli.models.rewards import RewardStats, ShapedReward
 from polar_cli.models.trace import Trajectory, TrajectoryStatus
 
 
@@ -21,6 +21,9 @@ class SessionResult(BaseModel):
     status: TrajectoryStatus
     trajectory: Trajectory
     reward: float | None = None
+    shaping: ShapedReward | None = Field(
+        default=None, description="how the task's evaluator.shaping made ``reward`` (None: the task declares none)"
+    )
     num_completions: int = 0
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     error: str | None = None

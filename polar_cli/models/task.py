@@ -12,6 +12,7 @@ from polar_cli.models.base import StrictModel
 from polar_cli.models.completion import TokenMode
 from polar_cli.models.inference import MAX_POLICY_VERSION
 from polar_cli.models.limits import MAX_COUNT, MAX_NUM_SAMPLES, BoundedId, HttpURL, Timeout
+from polar_cli.models.rewards import RewardShaping
 from polar_cli.models.trace import RewardAssignment
 
 SCRIPT_KEY = "script"
@@ -148,6 +149,11 @@ class EvaluatorSpec(StrictModel):
         default="main+subagents",
         description="which traces of a session receive its reward: main, main+subagents, or all (side traces too); "
         "the others keep reward None and trainable False",
+    )
+    shaping: RewardShaping | None = Field(
+        default=None,
+        description="reward shaping the gateway applies before the reward is recorded: fixed rewards for timeout, "
+        "limit and error endings, an overlong penalty past a token budget (docs/trainers.md)",
     )
 
 

@@ -71,6 +71,11 @@ class TraceSample:
     sample_index: int
     trace_index: int
     """The trace's position in its session's trajectory."""
+    session_reward: float | None = None
+    """The session's reward (``SessionResult.reward``; for a trace alone, its own): what advantages are computed
+    from (:mod:`polar_cli.trainers.advantages`)."""
+    advantage: float | None = None
+    """Its advantage, when an adapter was asked for them (``advantages=``); else None."""
 
     @property
     def group_id(self) -> Any:
@@ -88,6 +93,7 @@ class TraceSample:
             "status": self.status,
             "group_id": self.group_id,
             "context_exact": self.trace.context_exact,
+            "advantage": self.advantage,
         }
 
 
@@ -141,6 +147,7 @@ def trace_sample(
     task_id: str | None = None,
     sample_index: int = 0,
     trace_index: int = 0,
+    session_reward: float | None = None,
 ) -> TraceSample:
     """``trace`` as a sample of a session that ended ``session_status``. A trace that is not trainable, or whose
     session gives no sample (stale, cancelled, no_model_call), is an AdapterError."""
@@ -166,6 +173,7 @@ def trace_sample(
         task_id=task_id,
         sample_index=sample_index,
         trace_index=trace_index,
+        session_reward=trace.reward if session_reward is None else session_reward,
     )
 
 
@@ -204,6 +212,7 @@ def session_samples(result: SessionResult, rule: TraceRule = "each") -> list[Tra
             task_id=result.task_id,
             sample_index=result.sample_index,
             trace_index=index,
+            session_reward=result.reward,
         )
         for index, trace in select_traces(result, rule)
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from polar_cli.extras import require
 from polar_cli.models import Trace, TrajectoryStatus
+from polar_cli.trainers.advantages import AdvantageConfig, with_advantages
 from polar_cli.trainers.rules import (
     Groups,
     SampleStatus,
@@ -100,13 +101,18 @@ def slime_samples(
     return out
 
 
-def slime_groups(groups: Groups, *, traces: TraceRule = "each") -> list[list[SlimeSample]]:
+def slime_groups(
+    groups: Groups, *, traces: TraceRule = "each", advantages: AdvantageConfig | None = None
+) -> list[list[SlimeSample]]:
     """Several groups (e.g. one rollout step), as Slime's rollout returns them: one list of samples per group,
     ``group_index`` the group's position and ``index`` counting across all of them. One group alone (a Group, or a
-    task's SessionResults) is a list of one."""
+    task's SessionResults) is a list of one. ``advantages``: each sample's advantage
+    (:mod:`polar_cli.trainers.advantages`) in ``metadata["polar"]["advantage"]``; ``reward`` stays the recorded
+    reward."""
+    batch = [samples(source, traces) for source in as_groups(groups, adapter="slime_groups")]
     out: list[list[SlimeSample]] = []
     count = 0
-    for group_index, source in enumerate(as_groups(groups, adapter="slime_groups")):
-        out.append(slime_samples(source, group_index=group_index, start_index=count, traces=traces))
+    for group_index, group in enumerate(with_advantages(batch, advantages)):
+        out.append([_slime(each, group_index=group_index, index=count + i) for i, each in enumerate(group)])
         count += len(out[-1])
     return out

@@ -10,7 +10,8 @@ row. The logprobs enter the loss only with vLLM importance-sampling correction.
 
 Polar's output adds ``polar_reward`` (each sample's ``Trace.reward``; None where it has none, which TRL treats as
 unscorable) for :func:`polar_reward_func`, and ``polar_session_id`` / ``polar_status`` / ``polar_context_exact``
-(``Trace.context_exact``). TRL has no status field: FAILED samples get a zero ``env_mask``.
+(``Trace.context_exact``), and ``polar_advantage`` (None unless asked for, ``advantages=``) for
+:func:`polar_advantage_func`. TRL has no status field: FAILED samples get a zero ``env_mask``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from polar_cli.errors import AdapterError
+from polar_cli.trainers.advantages import AdvantageConfig, with_advantages
 from polar_cli.trainers.rules import Groups, SampleStatus, TraceRule, as_groups, samples
 
 
@@ -35,6 +37,7 @@ class TrlRolloutOutput:
     polar_session_id: list[str | None] = field(default_factory=list)
     polar_status: list[SampleStatus] = field(default_factory=list)
     polar_context_exact: list[bool] = field(default_factory=list)
+    polar_advantage: list[float | None] = field(default_factory=list)
 
     def to_kwargs(self) -> dict[str, Any]:
         """What ``rollout_func`` returns."""
@@ -44,13 +47,17 @@ class TrlRolloutOutput:
         return len(self.completion_ids)
 
 
-def trl_rollout(groups: Groups, *, num_generations: int, traces: TraceRule = "main") -> TrlRolloutOutput:
+def trl_rollout(
+    groups: Groups, *, num_generations: int, traces: TraceRule = "main", advantages: AdvantageConfig | None = None
+) -> TrlRolloutOutput:
     """The rollout of several groups, one per distinct prompt in TRL's order: each must give exactly
     ``num_generations`` samples (one per session under ``main`` / ``last_main``; ``each`` only fits when the counts
-    still match). A group that gives another count, or a sample without response tokens, is an AdapterError."""
-    out = TrlRolloutOutput()
-    for position, source in enumerate(as_groups(groups, adapter="trl_rollout")):
-        picked = samples(source, traces)
+    still match). A group that gives another count, or a sample without response tokens, is an AdapterError.
+    ``advantages``: each sample's advantage (:mod:`polar_cli.trainers.advantages`) in ``polar_advantage``, for
+    :func:`polar_advantage_func`."""
+    sources = as_groups(groups, adapter="trl_rollout")
+    batch = [samples(source, traces) for source in sources]
+    for position, (source, picked) in enumerate(zip(sources, batch, strict=True)):
         if len(picked) != num_generations:
             name = getattr(source, "task_id", None) or f"at position {position}"
             raise AdapterError(
@@ -58,6 +65,8 @@ def trl_rollout(groups: Groups, *, num_generations: int, traces: TraceRule = "ma
                 f"num_generations={num_generations} per prompt (sessions that gave no sample: stale, cancelled, "
                 "no_model_call, nothing trainable, or dropped from a Group)"
             )
+    out = TrlRolloutOutput()
+    for picked in with_advantages(batch, advantages):
         for sample in picked:
             if not sample.trace.response_ids:
                 raise AdapterError(f"session {sample.session_id}: trace {sample.trace_index} has no response token")
@@ -69,6 +78,7 @@ def trl_rollout(groups: Groups, *, num_generations: int, traces: TraceRule = "ma
             out.polar_session_id.append(sample.session_id)
             out.polar_status.append(sample.status)
             out.polar_context_exact.append(sample.trace.context_exact)
+            out.polar_advantage.append(sample.advantage)
     return out
 
 
@@ -89,3 +99,14 @@ def polar_reward_func(completions: list[Any], polar_reward: list[float | None], 
     """A TRL reward function returning Polar's rewards (the ``polar_reward`` field of :func:`trl_rollout`'s output):
     pass it in ``reward_funcs``."""
     return list(polar_reward)
+
+
+def polar_advantage_func(
+    completions: list[Any], polar_advantage: list[float | None], **kwargs: Any
+) -> list[float | None]:
+    """A TRL reward function returning the advantages Polar computed (``trl_rollout(..., advantages=...)``): pass it
+    as the only entry of ``reward_funcs`` with ``GRPOConfig(scale_rewards="none")``. TRL 1.16 then takes each
+    reward minus its group's mean as the advantage; Polar's GRPO, Dr. GRPO and RLOO advantages have group mean 0, so
+    they reach the loss unchanged (after task normalization, TRL's group centring undoes the per-family shift and
+    keeps the per-family scale)."""
+    return list(polar_advantage)

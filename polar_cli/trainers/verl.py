@@ -16,6 +16,7 @@ from typing import Any
 from polar_cli.errors import AdapterError
 from polar_cli.extras import require
 from polar_cli.models import SessionResult, Trace, TrajectoryStatus
+from polar_cli.trainers.advantages import AdvantageConfig, with_advantages
 from polar_cli.trainers.rules import Groups, TraceRule, TraceSample, as_groups, samples, session_samples, trace_sample
 
 
@@ -88,14 +89,19 @@ def verl_output(result: SessionResult, *, traces: TraceRule = "main") -> VerlAge
     return _verl(picked[0], None)
 
 
-def verl_outputs(groups: Groups, *, traces: TraceRule = "main") -> list[VerlAgentLoopOutput]:
+def verl_outputs(
+    groups: Groups, *, traces: TraceRule = "main", advantages: AdvantageConfig | None = None
+) -> list[VerlAgentLoopOutput]:
     """The outputs of several groups (e.g. one rollout step; as ``slime_groups`` and ``trl_rollout`` take them), one
     flat batch: group by group, session by session in sample order, each with ``extra_fields["uid"]``: its group's
     ``group_id`` (else the task id), so GRPO groups each group's rows together. One group alone (a Group, or a task's
-    SessionResults) works too."""
+    SessionResults) works too. ``advantages``: each row's advantage (:mod:`polar_cli.trainers.advantages`) in
+    ``extra_fields["polar"]["advantage"]``, for a custom veRL advantage estimator; ``reward_score`` stays the
+    recorded reward."""
+    batch = [samples(source, traces) for source in as_groups(groups, adapter="verl_outputs")]
     out = []
-    for source in as_groups(groups, adapter="verl_outputs"):
-        for sample in samples(source, traces):
+    for group in with_advantages(batch, advantages):
+        for sample in group:
             uid = sample.group_id if sample.group_id is not None else sample.task_id
             out.append(_verl(sample, None if uid is None else str(uid)))
     return out

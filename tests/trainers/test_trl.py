@@ -11,7 +11,7 @@ import pytest
 
 from polar_cli.errors import AdapterError
 from polar_cli.models import SessionResult
-from polar_cli.trainers import distinct_prompts, polar_reward_func, trl_rollout
+from polar_cli.trainers import AdvantageConfig, distinct_prompts, polar_advantage_func, polar_reward_func, trl_rollout
 from tests.trainers.helpers import make_result, make_trace
 
 G = 2  # num_generations
@@ -26,7 +26,8 @@ def group_for(prompt: str, position: int) -> list[SessionResult]:
         main = make_trace([1, 1, 0, 0, 1][: 3 + i], first_id=first, prompt=[5, 6, 7 + position], reward=float(i))
         sub = make_trace([1], role="subagent", first_id=900, reward=float(i))
         side = make_trace([1], role="side", trainable=False, reward=None, first_id=950)
-        results.append(make_result([main, sub, side], session_id=f"{prompt}-{i}", sample_index=i, task_id=prompt))
+        results.append(make_result([main, sub, side], session_id=f"{prompt}-{i}", sample_index=i, task_id=prompt,
+                                   reward=float(i)))  # fmt: skip
     return results
 
 
@@ -137,3 +138,39 @@ def test_a_real_grpo_trainer_trains_on_the_rollout(demo_model: Path, tmp_path: P
     advantages = scored["advantages"]
     assert advantages[0] < 0 < advantages[1] and advantages[2] < 0 < advantages[3]  # rewards 0, 1 in each group
     assert torch.isfinite(advantages).all()
+
+
+@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
+def test_polar_advantages_reach_a_real_grpo_trainer_unchanged(
+    demo_model: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``polar_advantage_func`` with ``scale_rewards="none"``: TRL's advantages are Polar's (RLOO here: -1, 1 for
+    rewards 0, 1, where TRL's own estimate from the rewards would be -0.5, 0.5 or -0.71, 0.71)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    sent: list[dict[str, Any]] = []
+
+    def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
+        groups = [group_for(p, i) for i, p in enumerate(distinct_prompts(prompts, trainer.num_generations))]
+        rollout = trl_rollout(groups, num_generations=G, advantages=AdvantageConfig(estimator="rloo"))
+        sent.append(rollout.to_kwargs())
+        return sent[-1]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2 * G, num_generations=G, max_steps=1, use_cpu=True,
+        report_to=[], save_strategy="no", max_completion_length=8, disable_tqdm=True, seed=0, scale_rewards="none",
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(demo_model),
+        processing_class=AutoTokenizer.from_pretrained(demo_model),
+        reward_funcs=[polar_advantage_func],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}]),
+        rollout_func=rollout_func,
+    )
+    scored = trainer._generate_and_score_completions([{"prompt": p} for p in ("a", "a", "b", "b")])
+    assert sent[-1]["polar_advantage"] == [-1.0, 1.0, -1.0, 1.0]
+    assert scored["advantages"].tolist() == sent[-1]["polar_advantage"]
