@@ -255,6 +255,7 @@ def test_kept_running_tasks_go_on_in_the_buffer_and_leaving_early_puts_back_what
     first.judge()
     assert first.stop_surplus() == [] and first.stats.cancelled == []  # c and d run on, in the buffer
     assert carried(reuse) == ([("b", 1)], [("c", 1), ("d", 1)])
+    assert ReuseBuffer.model_validate_json(reuse.model_dump_json()) == reuse  # saved with a checkpoint
 
     second = GroupRun(GroupConfig(batch_size=3), reuse=reuse)
     assert list(second.running) == ["c", "d"] and second.polls(1.0) == [("c", 1.0), ("d", None)]
@@ -554,3 +555,34 @@ def test_leaving_the_loop_early_cancels_the_carried_tasks_and_keeps_the_groups_n
         last = list(client.groups([], GroupConfig(batch_size=1), stats=third, reuse=reuse, poll_interval=0.2))
     assert [(g.task_id, g.carried) for g in last] == [("early-c", 2)] and len(reuse) == 0  # nothing lost
     assert third.reused == [ReusedGroup(task_id="early-c", carried=2, staleness=0, kept_running=False)]
+
+
+def test_the_reuse_snippet_of_the_docs_runs(served: Served, tmp_path: Path) -> None:
+    [snippet] = [b for b in code_blocks(ROOT / "docs" / "service.md")
+                 if b.tested_by == "tests/client/test_groups.py::test_the_reuse_snippet_of_the_docs_runs"]  # fmt: skip
+    pulled: list[str] = []
+    trained: list[list[Group]] = []
+    updates: list[int] = []
+
+    def prompts(step: int) -> Iterator[TaskRequest]:  # endless: alternately all equal and mixed
+        for n in itertools.count():
+            pulled.append(f"reuse-doc-{step}-{n}")
+            yield planned(pulled[-1], ["pass", "pass"] if n % 2 == 0 else MIXED, tmp_path, rollout_step=step)
+
+    with PolarClient(served.url, served.token) as client:
+        before = client.inference().policy_version
+    scope: dict[str, Any] = {"url": served.url, "token": served.token, "steps": 3, "prompts": prompts,
+                             "train_on": trained.append, "update_weights": updates.append}  # fmt: skip
+    exec(snippet.text, scope)
+    assert updates == [0, 1, 2] and [len(batch) for batch in trained] == [2, 2, 2]
+    groups = [group for batch in trained for group in batch]
+    assert len({group.task_id for group in groups}) == 6  # none handed out twice
+    assert all(int(group.task_id.rsplit("-", 1)[1]) % 2 for group in groups)  # the mixed ones
+    for step, batch in enumerate(trained):
+        assert all(group.policy_version is None or group.policy_version == before + step for group in batch)
+        for group in batch:  # a carried group is at most max_staleness behind, and comes before the step's own
+            assert (group.carried > 0) == (group.rollout_step != step) and (group.staleness or 0) <= 1
+        assert [group.carried > 0 for group in batch] == sorted((group.carried > 0 for group in batch), reverse=True)
+    assert len(scope["reuse"]) == 0
+    with PolarClient(served.url, served.token) as client:  # nothing left running: the kept tasks were cancelled
+        assert all(client.status(task_id).state in ("completed", "cancelled") for task_id in pulled)
