@@ -117,7 +117,8 @@ class Group(BaseModel):
     oldest_version: int | None = Field(default=None, description="the oldest policy version of the usable traces")
     newest_version: int | None = None
     policy_version: int | None = Field(
-        default=None, description="the server's version when judged (with max_staleness, or for a carried group)"
+        default=None,
+        description="the server's version when judged (asked with max_staleness, or when carried groups are judged)",
     )
     staleness: int | None = Field(default=None, description="policy_version - oldest_version, when both are known")
     carried: int = Field(
