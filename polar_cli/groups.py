@@ -81,7 +81,7 @@ class GroupConfig(StrictModel):
         default=False,
         description="with batch_size and a ReuseBuffer: once the batch is full, the tasks still running are left "
         "running and carried to the next call in the buffer, not cancelled. Off by default: they go on sampling "
-        "through the trainer's weight update (their groups are then at least one version stale) and hold the "
+        "through the trainer's weight update (what they sampled before it is then a version behind) and hold the "
         "server's capacity until the next call, or until the trainer cancels them (ReuseBuffer.discard)",
     )
 
