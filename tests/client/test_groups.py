@@ -513,6 +513,8 @@ def test_carried_groups_beyond_max_staleness_are_dropped(served: Served, tmp_pat
             version = (await client.resume()).policy_version  # two steps on: both carried groups are 2 behind
             gate(tmp_path, "stale-slow").parent.mkdir(exist_ok=True)
             gate(tmp_path, "stale-slow").touch()
+            # ended before the next call polls it first, so it is judged (stale) before the batch can fill
+            assert (await client.wait("stale-slow", timeout=60)).state == "completed"
             config = GroupConfig(batch_size=1, max_staleness=1)
             e = planned("stale-e", MIXED, tmp_path)
             two = [g async for g in client.groups([e], config, stats=second, reuse=reuse, poll_interval=0.2)]
@@ -580,9 +582,8 @@ def test_the_reuse_snippet_of_the_docs_runs(served: Served, tmp_path: Path) -> N
     assert all(int(group.task_id.rsplit("-", 1)[1]) % 2 for group in groups)  # the mixed ones
     for step, batch in enumerate(trained):
         assert all(group.policy_version is None or group.policy_version == before + step for group in batch)
-        for group in batch:  # a carried group is at most max_staleness behind, and comes before the step's own
+        for group in batch:  # a carried group is one of an earlier step, at most max_staleness behind
             assert (group.carried > 0) == (group.rollout_step != step) and (group.staleness or 0) <= 1
-        assert [group.carried > 0 for group in batch] == sorted((group.carried > 0 for group in batch), reverse=True)
     assert len(scope["reuse"]) == 0
     with PolarClient(served.url, served.token) as client:  # nothing left running: the kept tasks were cancelled
         assert all(client.status(task_id).state in ("completed", "cancelled") for task_id in pulled)
