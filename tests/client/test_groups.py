@@ -506,7 +506,7 @@ def test_carried_groups_beyond_max_staleness_are_dropped(served: Served, tmp_pat
 
             config = GroupConfig(batch_size=1, max_in_flight=3, keep_running=True)
             one = [g async for g in client.groups(source(), config, stats=first, reuse=reuse, poll_interval=0.2)]
-            assert (await client.status("stale-slow")).state == "running"  # kept running, in the buffer
+            assert (await client.status("stale-slow")).state in ("pending", "running")  # kept, in the buffer
             assert carried(reuse) == ([("stale-b", 1)], [("stale-slow", 1)]) and first.cancelled == []
             called(tmp_path, "stale-slow", 2)  # sampled under the version of the first call
             await client.resume()
