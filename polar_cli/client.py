@@ -42,7 +42,7 @@ from polar_cli.errors import (
     SessionError,
     SessionExistsError,
 )
-from polar_cli.groups import Group, GroupConfig, GroupRun, GroupStats
+from polar_cli.groups import Group, GroupConfig, GroupRun, GroupStats, ReuseBuffer
 from polar_cli.models import (
     TERMINAL_TASK_STATES,
     InferenceStatus,
@@ -232,13 +232,15 @@ def _cancel_stale_call(older_than: int | None) -> _Call[CancelStaleAnswer]:
     return _inference_call("POST", "/cancel_stale", CancelStaleAnswer, {"older_than": older_than})
 
 
-def _group_run(config: GroupConfig | None, stats: GroupStats | None, every: float, tasks: object) -> GroupRun:
-    """The run of one ``groups()`` call, its arguments checked first."""
+def _group_run(
+    config: GroupConfig | None, stats: GroupStats | None, reuse: ReuseBuffer | None, every: float, tasks: object
+) -> GroupRun:
+    """The run of one ``groups()`` call, its arguments checked first (then it takes what ``reuse`` holds)."""
     if every <= 0:
         raise ConfigError(f"the poll interval must be positive, not {every}")
     if isinstance(tasks, str | os.PathLike | Mapping | BaseModel):
         raise ConfigError("groups() takes an iterable of tasks, not one task: wrap it in a list")
-    return GroupRun(config, stats)
+    return GroupRun(config, stats, reuse)
 
 
 def _group_polls(run: GroupRun, every: float) -> list[_Call[TaskStatus]]:
@@ -381,18 +383,22 @@ class PolarClient(_Base):
         config: GroupConfig | None = None,
         *,
         stats: GroupStats | None = None,
+        reuse: ReuseBuffer | None = None,
         poll_interval: float = RESULTS_POLL_SECONDS,
     ) -> Iterator[Group]:
         """Submit tasks from ``tasks`` (as ``config.max_in_flight`` allows) and yield each usable Group once every
         session of its task has finished, in the order tasks end (the rules: ``polar_cli.groups``). With
         ``config.batch_size`` it ends after that many, replacing dropped groups from the source, and cancels the tasks
-        still running. Dropped groups, cancelled and unused tasks go to ``stats``. Leaving the loop early (break, an
-        error) cancels the tasks still running."""
-        run = _group_run(config, stats, poll_interval, tasks)
+        still running. Dropped groups, cancelled and unused tasks go to ``stats``. With ``reuse`` (the same buffer
+        at every call), the surplus of the previous call comes out first, and this call's surplus is kept there
+        instead of dropped (``keep_running``: not cancelled either). Leaving the loop early (break, an error) cancels
+        the tasks still running, the carried ones too."""
+        run = _group_run(config, stats, reuse, poll_interval, tasks)
         source = iter(tasks)
-        ready: list[Group] = []
         try:
             while True:
+                if run.ended:  # at first those carried in `reuse` (handed out first), then those the polls found
+                    run.judge(self._send(_pools_call()).policy_version if run.needs_policy_version else None)
                 while run.wants_task():
                     task = next(source, None)
                     if task is None:
@@ -402,22 +408,22 @@ class PolarClient(_Base):
                     self._send(_submit_call(request, None))
                     run.submitted(request)
                 if run.batch_full:
-                    for task_id in run.stop_running():
-                        self._send(_cancel_call(task_id))
-                yield from ready  # after the refill: the next tasks sample while the caller trains
+                    for task_id in run.stop_surplus():
+                        run.cancelled(self._send(_cancel_call(task_id)))
+                yield from run.hand_out()  # after the refill: the next tasks sample while the caller trains
                 if run.finished:
                     return
                 for call in _group_polls(run, poll_interval):
                     run.take(self._send(call))
-                version = self._send(_pools_call()).policy_version if run.needs_policy_version else None
-                ready = run.judge(version)
         except BaseException:
             for task_id in run.stop_running():
                 try:
-                    self._send(_cancel_call(task_id))
+                    run.cancelled(self._send(_cancel_call(task_id)))
                 except PolarError as exc:
                     _not_cancelled(task_id, exc)
             raise
+        finally:
+            run.close()
 
     def service_status(self) -> ServiceStatus:
         """``GET /rollout/status``: tasks by state, nodes, pending sessions."""
@@ -523,16 +529,18 @@ class AsyncPolarClient(_Base):
         config: GroupConfig | None = None,
         *,
         stats: GroupStats | None = None,
+        reuse: ReuseBuffer | None = None,
         poll_interval: float = RESULTS_POLL_SECONDS,
     ) -> AsyncIterator[Group]:
         """``PolarClient.groups`` as an async iterator; ``tasks`` may be an async iterable. The polls of a round go
         out together. To cancel the tasks still running as soon as a loop is left early, use
         ``contextlib.aclosing``."""
-        run = _group_run(config, stats, poll_interval, tasks)
+        run = _group_run(config, stats, reuse, poll_interval, tasks)
         source = _async_source(tasks)
-        ready: list[Group] = []
         try:
             while True:
+                if run.ended:  # at first those carried in `reuse` (handed out first), then those the polls found
+                    run.judge((await self._send(_pools_call())).policy_version if run.needs_policy_version else None)
                 while run.wants_task():
                     task = await anext(source, None)
                     if task is None:
@@ -542,24 +550,23 @@ class AsyncPolarClient(_Base):
                     await self._send(_submit_call(request, None))
                     run.submitted(request)
                 if run.batch_full:
-                    for task_id in run.stop_running():
-                        await self._send(_cancel_call(task_id))
-                for group in ready:  # after the refill: the next tasks sample while the caller trains
+                    for task_id in run.stop_surplus():
+                        run.cancelled(await self._send(_cancel_call(task_id)))
+                for group in run.hand_out():  # after the refill: the next tasks sample while the caller trains
                     yield group
                 if run.finished:
                     return
                 for status in await _together([self._send(call) for call in _group_polls(run, poll_interval)]):
                     run.take(status)
-                version = (await self._send(_pools_call())).policy_version if run.needs_policy_version else None
-                ready = run.judge(version)
         except BaseException:
             for task_id in run.stop_running():
                 try:
-                    await self._send(_cancel_call(task_id))
+                    run.cancelled(await self._send(_cancel_call(task_id)))
                 except PolarError as exc:
                     _not_cancelled(task_id, exc)
             raise
         finally:
+            run.close()
             await source.aclose()
 
     async def service_status(self) -> ServiceStatus:

@@ -19,15 +19,20 @@ The rules, for a task whose every session has finished:
    traces is above it: dropped (``stale``).
 4. ``dynamic_sampling``: the usable rewards are all equal (no GRPO advantage, as DAPO filters): dropped
    (``all_equal``).
+
+Reuse across calls (efficient DAPO): a :class:`ReuseBuffer` passed to each call keeps what a call with ``batch_size``
+leaves over, its surplus: the tasks that ended after the batch was full (and, with ``GroupConfig.keep_running``, the
+ones still running). The next call takes it all at its start and judges the ended ones first, under its own config and
+against the server's version then, so a surplus group comes out first, or is dropped ``stale`` past ``max_staleness``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from polar_cli.errors import ConfigError, PolarError
 from polar_cli.models import (
@@ -73,6 +78,19 @@ class GroupConfig(StrictModel):
         description="tasks submitted and not yet ended at once. None: batch_size, else the whole source (which must "
         "then be finite). Above batch_size with dynamic sampling, the surplus is what DAPO oversamples",
     )
+    keep_running: bool = Field(
+        default=False,
+        description="with batch_size and a ReuseBuffer: once the batch is full, the tasks still running are left "
+        "running and carried to the next call in the buffer, not cancelled. Off by default: they go on sampling "
+        "through the trainer's weight update (what they sampled before it is then a version behind) and hold the "
+        "server's capacity until the next call, or until the trainer cancels them (ReuseBuffer.discard)",
+    )
+
+    @model_validator(mode="after")
+    def _keep_running_needs_a_batch(self) -> Self:
+        if self.keep_running and self.batch_size is None:
+            raise ValueError("keep_running keeps the tasks still running once the batch is full: set batch_size")
+        return self
 
 
 class DroppedSession(BaseModel):
@@ -99,8 +117,14 @@ class Group(BaseModel):
     dropped: list[DroppedSession] = Field(default_factory=list)
     oldest_version: int | None = Field(default=None, description="the oldest policy version of the usable traces")
     newest_version: int | None = None
-    policy_version: int | None = Field(default=None, description="the server's version when judged (max_staleness)")
+    policy_version: int | None = Field(
+        default=None,
+        description="the server's version when judged (asked with max_staleness, or when carried groups are judged)",
+    )
     staleness: int | None = Field(default=None, description="policy_version - oldest_version, when both are known")
+    carried: int = Field(
+        default=0, description="groups() calls its task was carried over in a ReuseBuffer (0: this call's own task)"
+    )
 
     @property
     def traces(self) -> list[Trace]:
@@ -126,6 +150,15 @@ class DroppedGroup(BaseModel):
     group: Group
 
 
+class ReusedGroup(BaseModel):
+    """A usable group whose task an earlier ``groups()`` call submitted, handed out by this one."""
+
+    task_id: str
+    carried: int = Field(description="calls its task was carried over (1: submitted by the previous call)")
+    staleness: int | None = Field(description="versions behind the server's when handed out (Group.staleness)")
+    kept_running: bool = Field(description="its task ran on past a full batch (GroupConfig.keep_running)")
+
+
 class GroupStats(BaseModel):
     """What one ``groups()`` call did, updated as it goes (pass a fresh one per call and read it during or after)."""
 
@@ -133,7 +166,20 @@ class GroupStats(BaseModel):
     usable: int = Field(default=0, description="groups judged usable (and yielded, unless the caller stopped)")
     dropped: list[DroppedGroup] = Field(default_factory=list)
     cancelled: list[str] = Field(default_factory=list, description="tasks cancelled while still running")
-    unused: list[str] = Field(default_factory=list, description="tasks that ended after batch_size was reached")
+    unused: list[str] = Field(
+        default_factory=list, description="tasks that ended after batch_size was reached (without a ReuseBuffer)"
+    )
+    carried_in: list[str] = Field(
+        default_factory=list, description="tasks of earlier calls taken from the ReuseBuffer: ended, then running"
+    )
+    reused: list[ReusedGroup] = Field(
+        default_factory=list, description="usable groups of carried tasks handed out, in order (the rest: dropped)"
+    )
+    carried_out: list[str] = Field(
+        default_factory=list,
+        description="tasks left in the ReuseBuffer for the next call: ended after the batch was full, still running "
+        "(keep_running), or ended and not handed out when the loop was left early",
+    )
     source_exhausted: bool = False
     rewards: RewardStats = Field(
         default_factory=RewardStats,
@@ -142,6 +188,34 @@ class GroupStats(BaseModel):
 
     def dropped_by_reason(self) -> dict[str, int]:
         return dict(Counter(drop.reason for drop in self.dropped))
+
+
+class CarriedTask(BaseModel):
+    """A task an earlier ``groups()`` call left in a :class:`ReuseBuffer`."""
+
+    task: TaskRequest
+    status: TaskStatus | None = Field(default=None, description="its final status once ended; None: still running")
+    carried: int = Field(default=1, ge=1, description="calls it has been carried over")
+    kept_running: bool = Field(default=False, description="it ran on past a full batch (GroupConfig.keep_running)")
+
+
+class ReuseBuffer(BaseModel):
+    """What one ``groups()`` call leaves to the next (the trainer keeps one and passes it to every call): its surplus
+    tasks that ended after the batch was full, in the order they ended, and, with ``GroupConfig.keep_running``, those
+    still running. A call takes all of it when it starts and puts back what it leaves, so nothing is handed out
+    twice. A pydantic model: it can be saved with a checkpoint."""
+
+    ended: list[CarriedTask] = Field(default_factory=list)
+    running: list[CarriedTask] = Field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ended) + len(self.running)
+
+    def discard(self) -> list[str]:
+        """Empty the buffer; the ids of its tasks still running, for the caller to cancel (``client.cancel``)."""
+        task_ids = [carried.task.task_id for carried in self.running]
+        self.ended, self.running = [], []
+        return task_ids
 
 
 def captured_nothing(result: SessionResult) -> bool:
@@ -187,11 +261,16 @@ def _version_range(results: Sequence[SessionResult]) -> tuple[int | None, int | 
 
 
 def judge_group(
-    task: TaskRequest, results: Sequence[SessionResult], config: GroupConfig, policy_version: int | None = None
+    task: TaskRequest,
+    results: Sequence[SessionResult],
+    config: GroupConfig,
+    policy_version: int | None = None,
+    carried: int = 0,
 ) -> Group | DroppedGroup:
     """The group of ``task`` from the results of all its sessions: a Group when usable, else a DroppedGroup saying
     why (the rules of this module's docstring, in order). ``policy_version``: the server's current version, needed
-    for ``max_staleness`` (None: not checked). A task none of whose sessions captured a model call: PolarError."""
+    for ``max_staleness`` (None: not checked); ``carried``: the group's ``carried``. A task none of whose sessions
+    captured a model call: PolarError."""
     ordered = sorted(results, key=lambda r: (r.sample_index, r.session_id))
     ran = [r for r in ordered if r.status in RAN]
     if ran and all(captured_nothing(r) for r in ordered):
@@ -221,6 +300,7 @@ def judge_group(
         newest_version=newest,
         policy_version=policy_version,
         staleness=staleness,
+        carried=carried,
     )
 
     def drop(reason: GroupDropReason, detail: str) -> DroppedGroup:
@@ -246,15 +326,61 @@ def judge_group(
 
 class GroupRun:
     """The state of one ``groups()`` call, without I/O: which tasks run, which have ended and wait to be judged,
-    whether the source is used up and the batch is full. The clients send what it asks for."""
+    which usable groups wait to be handed out, whether the source is used up and the batch is full. The clients send
+    what it asks for. With ``reuse`` it starts from what the buffer holds (the ended tasks to judge first, the
+    running ones to poll) and leaves its own surplus there."""
 
-    def __init__(self, config: GroupConfig | None = None, stats: GroupStats | None = None) -> None:
+    def __init__(
+        self, config: GroupConfig | None = None, stats: GroupStats | None = None, reuse: ReuseBuffer | None = None
+    ) -> None:
         self.config = config or GroupConfig()
         self.stats = stats if stats is not None else GroupStats()
+        if self.config.keep_running and reuse is None:
+            raise ConfigError(
+                "GroupConfig.keep_running carries the tasks still running to the next groups() call in a reuse "
+                "buffer: pass reuse=ReuseBuffer(), the same one to every call"
+            )
+        self.reuse = reuse
         self.running: dict[str, TaskRequest] = {}
-        self.ended: list[tuple[TaskRequest, TaskStatus]] = []
+        self.ended: deque[tuple[TaskRequest, TaskStatus]] = deque()
+        self.ready: deque[tuple[Group, TaskRequest, TaskStatus]] = deque()
         self._seen: set[str] = set()
         self._judged: list[list[Outcome]] = []
+        self._carried: dict[str, int] = {}
+        self._kept_running: set[str] = set()
+        self._cancelling: dict[str, TaskRequest] = {}
+        if reuse is not None:
+            self._take_over(reuse)
+
+    def _take_over(self, reuse: ReuseBuffer) -> None:
+        """Everything ``reuse`` holds becomes this call's: the ended tasks first to judge, the running ones polled."""
+        ended, running = reuse.ended, reuse.running
+        reuse.ended, reuse.running = [], []
+        for carried in [*ended, *running]:
+            task_id = carried.task.task_id
+            self._carried[task_id] = carried.carried
+            self._seen.add(task_id)
+            self.stats.carried_in.append(task_id)
+            if carried.kept_running or carried.status is None:
+                self._kept_running.add(task_id)
+            if carried.status is None:
+                self.running[task_id] = carried.task
+            else:
+                self.ended.append((carried.task, carried.status))
+
+    def _carry(self, task: TaskRequest, status: TaskStatus | None, *, first: bool = False) -> None:
+        """``task`` left in the reuse buffer for the next call (``first``: ahead of the ones this call left)."""
+        assert self.reuse is not None
+        kept_running = status is None or task.task_id in self._kept_running
+        carried = CarriedTask(task=task, status=status, carried=self._carried.get(task.task_id, 0) + 1,
+                              kept_running=kept_running)  # fmt: skip
+        if status is None:
+            self.reuse.running.append(carried)
+        elif first:
+            self.reuse.ended.insert(0, carried)
+        else:
+            self.reuse.ended.append(carried)
+        self.stats.carried_out.append(task.task_id)
 
     @property
     def limit(self) -> int | None:
@@ -278,6 +404,9 @@ class GroupRun:
 
     def admit(self, task: TaskRequest) -> TaskRequest:
         """``task`` checked before it is submitted: its id new to this call, its group_id / rollout_step typed."""
+        if task.task_id in self._carried:
+            raise ConfigError(f"task {task.task_id!r} came from the source of groups() and from its reuse buffer "
+                              "(an earlier call submitted it): give each task its own id")  # fmt: skip
         if task.task_id in self._seen:
             raise ConfigError(f"task {task.task_id!r} came twice from the source of groups(): give each its own id")
         group_id, step = task.metadata.get("group_id"), task.metadata.get("rollout_step")
@@ -307,31 +436,83 @@ class GroupRun:
 
     @property
     def needs_policy_version(self) -> bool:
-        """Whether judging the ended tasks needs the server's policy version (``max_staleness``)."""
-        return bool(self.ended) and self.config.max_staleness is not None
+        """Whether judging the ended tasks needs the server's policy version (``max_staleness``, or a carried task's
+        staleness for the stats)."""
+        if not self.ended:
+            return False
+        return self.config.max_staleness is not None or any(task.task_id in self._carried for task, _ in self.ended)
 
     def judge(self, policy_version: int | None = None) -> list[Group]:
-        """Judge every ended task, in the order they ended: the usable groups (dropped ones go to the stats; those
-        past a full batch to ``stats.unused``)."""
+        """Judge every ended task, in the order they ended: the usable groups, which also wait in ``ready`` to be
+        handed out (dropped ones go to the stats; those past a full batch to the reuse buffer, else
+        ``stats.unused``). A task judged raising a PolarError leaves the others to judge."""
         usable = []
-        ended, self.ended = self.ended, []
-        for task, status in ended:
+        while self.ended:
+            task, status = self.ended.popleft()
             if self.batch_full:
-                self.stats.unused.append(task.task_id)
+                self._surplus(task, status)
                 continue
-            verdict = judge_group(task, status.results, self.config, policy_version)
+            carried = self._carried.get(task.task_id, 0)
+            verdict = judge_group(task, status.results, self.config, policy_version, carried)
             self._judged.append((verdict.group if isinstance(verdict, DroppedGroup) else verdict).outcomes())
             self.stats.rewards = reward_stats(self._judged)
             if isinstance(verdict, DroppedGroup):
                 self.stats.dropped.append(verdict)
             else:
                 usable.append(verdict)
+                self.ready.append((verdict, task, status))
                 self.stats.usable += 1
         return usable
+
+    def hand_out(self) -> Iterator[Group]:
+        """The usable groups judged and not handed out yet, each once (taken off ``ready`` before it is yielded)."""
+        while self.ready:
+            group, task, _ = self.ready.popleft()
+            if group.carried:
+                self.stats.reused.append(ReusedGroup(task_id=task.task_id, carried=group.carried,
+                                                     staleness=group.staleness,
+                                                     kept_running=task.task_id in self._kept_running))  # fmt: skip
+            yield group
+
+    def _surplus(self, task: TaskRequest, status: TaskStatus) -> None:
+        if self.reuse is not None:
+            self._carry(task, status)
+        else:
+            self.stats.unused.append(task.task_id)
 
     def stop_running(self) -> list[str]:
         """The tasks still running, to cancel (recorded in the stats, no longer polled)."""
         task_ids = list(self.running)
+        self._cancelling.update(self.running)
         self.running.clear()
         self.stats.cancelled.extend(task_ids)
         return task_ids
+
+    def stop_surplus(self) -> list[str]:
+        """Once the batch is full: the tasks still running to cancel, or none with ``keep_running`` (they go to the
+        reuse buffer, running)."""
+        if not self.config.keep_running:
+            return self.stop_running()
+        for task in self.running.values():
+            self._carry(task, None)
+        self.running.clear()
+        return []
+
+    def cancelled(self, status: TaskStatus) -> None:
+        """A cancel's answer. With a reuse buffer, a task that had ended before the cancel reached it (completed or
+        failed: not cancelled) is not lost: it is surplus, carried like one that ended after the batch was full."""
+        task = self._cancelling.pop(status.task_id, None)
+        if task is None or self.reuse is None or status.state not in TERMINAL_TASK_STATES - {"cancelled"}:
+            return
+        self.stats.cancelled.remove(status.task_id)
+        self._carry(task, status)
+
+    def close(self) -> None:
+        """At the end of the call: with a reuse buffer, the groups judged and not handed out (the loop was left
+        early) and the tasks ended and not judged go back to it, ahead of the surplus, to come out first next time."""
+        if self.reuse is None:
+            return
+        for task, status in reversed([(task, status) for _, task, status in self.ready] + list(self.ended)):
+            self._carry(task, status, first=True)
+        self.ready.clear()
+        self.ended.clear()

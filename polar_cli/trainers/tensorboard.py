@@ -61,6 +61,8 @@ def step_scalars(groups: Sequence[Group], stats: GroupStats | None = None,
             out[f"groups/dropped/{reason}"] = count
         out["groups/cancelled"] = len(stats.cancelled)
         out["groups/unused"] = len(stats.unused)
+        out["groups/reused"] = len(stats.reused)
+        out["groups/carried_out"] = len(stats.carried_out)
     return {f"{PREFIX}/{name}": float(value) for name, value in out.items()}
 
 

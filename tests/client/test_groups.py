@@ -15,7 +15,16 @@ import pytest
 
 from polar_cli.client import AsyncPolarClient, PolarClient
 from polar_cli.errors import ConfigError, PolarError
-from polar_cli.groups import DroppedGroup, Group, GroupConfig, GroupRun, GroupStats, judge_group
+from polar_cli.groups import (
+    DroppedGroup,
+    Group,
+    GroupConfig,
+    GroupRun,
+    GroupStats,
+    ReuseBuffer,
+    ReusedGroup,
+    judge_group,
+)
 from polar_cli.models import PolicyVersions, SessionResult, TaskRequest, TaskStatus, Trace, Trajectory
 from tests.client.conftest import Served
 from tests.gateway.test_node import SCRIPT
@@ -187,6 +196,89 @@ def test_a_run_without_a_batch_size_takes_the_whole_source() -> None:
         run.admit(request("d", group_id=[1]))
 
 
+def carried(reuse: ReuseBuffer) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The buffer's ended and running tasks, each ``(task_id, carried)``."""
+    return ([(c.task.task_id, c.carried) for c in reuse.ended], [(c.task.task_id, c.carried) for c in reuse.running])
+
+
+def test_a_reuse_buffer_carries_the_surplus_to_the_next_runs() -> None:
+    reuse = ReuseBuffer()
+    a, b, c = (request(name, num_samples=2) for name in "abc")
+    mixed = (session(0, reward=0.0), session(1))
+    first = GroupRun(GroupConfig(batch_size=1, max_in_flight=3), reuse=reuse)
+    for task in (a, b, c):
+        first.submitted(first.admit(task))
+    first.take(ended(a, *mixed))
+    first.take(ended(b, *mixed))
+    assert not first.needs_policy_version  # own tasks, no max_staleness: no version asked
+    assert [group.task_id for group in first.judge()] == ["a"]  # b ended past the full batch: carried, not unused
+    assert first.stop_surplus() == ["c"] and first.stats.cancelled == ["c"]
+    first.cancelled(ended(c, *mixed))  # c had ended before the cancel reached it: surplus too, not lost
+    [handed] = first.hand_out()
+    first.close()
+    assert (handed.task_id, handed.carried) == ("a", 0) and first.stats.reused == []
+    stats = first.stats
+    assert (stats.cancelled, stats.unused, stats.carried_out, stats.carried_in) == ([], [], ["b", "c"], [])
+    assert carried(reuse) == ([("b", 1), ("c", 1)], [])
+
+    second = GroupRun(GroupConfig(batch_size=1, max_staleness=1), reuse=reuse)
+    assert len(reuse) == 0 and second.stats.carried_in == ["b", "c"] and second.needs_policy_version
+    with pytest.raises(ConfigError, match="task 'b' came from the source of groups\\(\\) and from its reuse buffer"):
+        second.admit(b)
+    assert [group.task_id for group in second.judge(policy_version=4)] == ["b"]  # sampled at 3: one behind
+    assert [(g.task_id, g.carried, g.staleness) for g in second.hand_out()] == [("b", 1, 1)]
+    assert second.stats.reused == [ReusedGroup(task_id="b", carried=1, staleness=1, kept_running=False)]
+    assert second.finished and not second.wants_task()  # the batch is full without a task of its own
+    second.close()
+    assert carried(reuse) == ([("c", 2)], []) and second.stats.carried_out == ["c"]
+
+    third = GroupRun(GroupConfig(batch_size=1, max_staleness=1), reuse=reuse)
+    assert third.judge(policy_version=5) == [] and third.wants_task()  # c is 2 behind: dropped, and replaced
+    [drop] = third.stats.dropped
+    assert (drop.reason, drop.group.task_id, drop.group.carried, drop.group.staleness) == ("stale", "c", 2, 2)
+    assert third.stats.reused == [] and len(reuse) == 0
+
+
+def test_kept_running_tasks_go_on_in_the_buffer_and_leaving_early_puts_back_what_was_not_handed_out() -> None:
+    with pytest.raises(ValueError, match="keep_running keeps the tasks still running once the batch is full"):
+        GroupConfig(keep_running=True)
+    with pytest.raises(ConfigError, match=r"keep_running carries .* pass reuse=ReuseBuffer\(\)"):
+        GroupRun(GroupConfig(batch_size=1, keep_running=True))
+    reuse = ReuseBuffer()
+    a, b, c, d, e = (request(name, num_samples=2) for name in "abcde")
+    mixed = (session(0, reward=0.0), session(1))
+    first = GroupRun(GroupConfig(batch_size=1, max_in_flight=4, keep_running=True), reuse=reuse)
+    for task in (a, b, c, d):
+        first.submitted(first.admit(task))
+    first.take(ended(a, *mixed))
+    first.take(ended(b, *mixed))
+    first.judge()
+    assert first.stop_surplus() == [] and first.stats.cancelled == []  # c and d run on, in the buffer
+    assert carried(reuse) == ([("b", 1)], [("c", 1), ("d", 1)])
+    assert ReuseBuffer.model_validate_json(reuse.model_dump_json()) == reuse  # saved with a checkpoint
+
+    second = GroupRun(GroupConfig(batch_size=3), reuse=reuse)
+    assert list(second.running) == ["c", "d"] and second.polls(1.0) == [("c", 1.0), ("d", None)]
+    second.take(ended(c, *mixed))
+    assert [group.task_id for group in second.judge(policy_version=3)] == ["b", "c"]
+    second.submitted(second.admit(e))
+    handed = second.hand_out()
+    assert next(handed).task_id == "b"  # the caller takes one group, then leaves the loop
+    assert second.stop_running() == ["d", "e"]
+    second.close()
+    assert carried(reuse) == ([("c", 2)], [])  # judged, not handed out: carried again, nothing lost
+    assert second.stats.reused == [ReusedGroup(task_id="b", carried=1, staleness=0, kept_running=False)]
+    assert (second.stats.cancelled, second.stats.carried_out) == (["d", "e"], ["c"])
+
+    third = GroupRun(GroupConfig(batch_size=1), reuse=reuse)
+    third.judge(policy_version=3)
+    assert [g.task_id for g in third.hand_out()] == ["c"]
+    assert third.stats.reused == [ReusedGroup(task_id="c", carried=2, staleness=0, kept_running=True)]
+    running = GroupRun(GroupConfig(batch_size=1, keep_running=True), reuse=reuse)
+    running.submitted(running.admit(d))
+    assert running.stop_surplus() == [] and reuse.discard() == ["d"] and len(reuse) == 0
+
+
 def test_groups_refuses_one_task_for_a_source_before_any_request() -> None:
     with PolarClient("http://127.0.0.1:9", "t") as client:  # nothing listens there: no request is made
         for one in (request(), request().model_dump(), "task.yaml", Path("task.yaml")):
@@ -350,3 +442,148 @@ def test_the_groups_snippet_of_the_docs_runs(served: Served, tmp_path: Path) -> 
     assert all(int(drop.group.task_id.rsplit("-", 1)[1]) % 2 == 0 for drop in stats.dropped)
     assert stats.submitted == [f"grp-doc-5-{n}" for n in range(len(stats.submitted))]
     assert all(task_id not in stats.cancelled for task_id, _ in trained)
+
+
+# ---- reuse across calls, against the real polar serve ---------------------------------------------------------------
+
+MIXED = ["pass", "fail"]
+
+
+def surplus_first(client: PolarClient, tasks: list[TaskRequest], last: TaskRequest) -> Iterator[TaskRequest]:
+    """``tasks``, then ``last`` once every one of them has ended: the first poll round finds them all ended, so with
+    batch_size 1 the first is the batch and the others the surplus that ended after it was full."""
+    yield from tasks
+    for task in tasks:
+        assert client.wait(task.task_id, timeout=60).state == "completed"
+    yield last
+
+
+def test_surplus_groups_are_handed_out_first_in_the_next_call(served: Served, tmp_path: Path) -> None:
+    reuse = ReuseBuffer()
+    a, b = (planned(f"reuse-{name}", MIXED, tmp_path) for name in "ab")
+    hang = planned("reuse-hang", ["hang", "hang"], tmp_path)
+    first, second, third = GroupStats(), GroupStats(), GroupStats()
+    with PolarClient(served.url, served.token) as client:
+        before = client.inference().policy_version
+        source = surplus_first(client, [a, b], hang)
+        batch = list(client.groups(source, GroupConfig(batch_size=1, max_in_flight=3), stats=first, reuse=reuse,
+                                   poll_interval=0.2))  # fmt: skip
+        assert [group.task_id for group in batch] == ["reuse-a"]
+        assert (first.carried_out, first.cancelled, first.unused) == (["reuse-b"], ["reuse-hang"], [])
+        assert carried(reuse) == ([("reuse-b", 1)], [])
+        assert client.wait("reuse-hang", timeout=30).state == "cancelled"  # keep_running is off: cancelled
+        assert client.resume().policy_version == before + 1  # the trainer's step
+        config = GroupConfig(batch_size=2, max_staleness=1)
+        d = planned("reuse-d", MIXED, tmp_path)
+        batch = list(client.groups([d], config, stats=second, reuse=reuse, poll_interval=0.2))
+        assert [(g.task_id, g.carried, g.staleness, g.policy_version) for g in batch] == [
+            ("reuse-b", 1, 1, before + 1), ("reuse-d", 0, 0, before + 1),
+        ]  # fmt: skip
+        complete(batch[0])
+        assert second.reused == [ReusedGroup(task_id="reuse-b", carried=1, staleness=1, kept_running=False)]
+        assert (second.carried_in, second.submitted, second.carried_out, second.usable) == (
+            ["reuse-b"], ["reuse-d"], [], 2)  # fmt: skip
+        assert len(reuse) == 0
+        assert list(client.groups([], config, stats=third, reuse=reuse, poll_interval=0.2)) == []  # handed out once
+    assert (third.carried_in, third.reused) == ([], [])
+
+
+def test_carried_groups_beyond_max_staleness_are_dropped(served: Served, tmp_path: Path) -> None:
+    reuse = ReuseBuffer()
+    a, b = (planned(f"stale-{name}", MIXED, tmp_path) for name in "ab")
+    slow = planned("stale-slow", ["gate", "gate"], tmp_path)
+    first, second = GroupStats(), GroupStats()
+
+    async def body() -> tuple[list[Group], list[Group], int]:
+        async with AsyncPolarClient(served.url, served.token) as client:
+
+            async def source() -> AsyncIterator[TaskRequest]:
+                yield a
+                yield b
+                for task in (a, b):
+                    await client.wait(task.task_id, timeout=60)
+                yield slow
+
+            config = GroupConfig(batch_size=1, max_in_flight=3, keep_running=True)
+            one = [g async for g in client.groups(source(), config, stats=first, reuse=reuse, poll_interval=0.2)]
+            assert (await client.status("stale-slow")).state in ("pending", "running")  # kept, in the buffer
+            assert carried(reuse) == ([("stale-b", 1)], [("stale-slow", 1)]) and first.cancelled == []
+            called(tmp_path, "stale-slow", 2)  # sampled under the version of the first call
+            await client.resume()
+            version = (await client.resume()).policy_version  # two steps on: both carried groups are 2 behind
+            gate(tmp_path, "stale-slow").parent.mkdir(exist_ok=True)
+            gate(tmp_path, "stale-slow").touch()
+            # ended before the next call polls it first, so it is judged (stale) before the batch can fill
+            assert (await client.wait("stale-slow", timeout=60)).state == "completed"
+            config = GroupConfig(batch_size=1, max_staleness=1)
+            e = planned("stale-e", MIXED, tmp_path)
+            two = [g async for g in client.groups([e], config, stats=second, reuse=reuse, poll_interval=0.2)]
+        return one, two, version
+
+    one, two, version = asyncio.run(body())
+    assert [group.task_id for group in one] == ["stale-a"] and first.carried_out == ["stale-b", "stale-slow"]
+    assert [(g.task_id, g.carried, g.staleness) for g in two] == [("stale-e", 0, 0)]  # none beyond max_staleness
+    assert [(d.reason, d.group.task_id, d.group.carried, d.group.staleness) for d in second.dropped] == [
+        ("stale", "stale-b", 1, 2), ("stale", "stale-slow", 1, 2),
+    ]  # fmt: skip
+    assert all(d.detail.endswith(f"behind the current {version} (max_staleness 1)") for d in second.dropped)
+    assert second.dropped_by_reason() == {"stale": 2} and second.reused == []
+    assert (second.carried_in, second.carried_out, second.cancelled) == (["stale-b", "stale-slow"], [], [])
+    assert len(reuse) == 0
+
+
+def test_leaving_the_loop_early_cancels_the_carried_tasks_and_keeps_the_groups_not_handed_out(
+    served: Served, tmp_path: Path
+) -> None:
+    reuse = ReuseBuffer()
+    a, b, c = (planned(f"early-{name}", MIXED, tmp_path) for name in "abc")
+    hang, late = planned("early-hang", ["hang", "hang"], tmp_path), planned("early-late", ["hang"], tmp_path)
+    first, second, third = GroupStats(), GroupStats(), GroupStats()
+    with PolarClient(served.url, served.token) as client:
+        config = GroupConfig(batch_size=1, max_in_flight=4, keep_running=True)
+        source = surplus_first(client, [a, b, c], hang)
+        assert [g.task_id for g in client.groups(source, config, stats=first, reuse=reuse, poll_interval=0.2)] == [
+            "early-a"]  # fmt: skip
+        assert carried(reuse) == ([("early-b", 1), ("early-c", 1)], [("early-hang", 1)])
+        seen = []
+        for group in client.groups([late], GroupConfig(batch_size=3), stats=second, reuse=reuse, poll_interval=0.2):
+            seen.append(group.task_id)
+            break  # after the first of the two carried groups
+        assert seen == ["early-b"] and second.submitted == ["early-late"]
+        assert second.cancelled == ["early-hang", "early-late"]  # the carried running task too
+        assert [client.wait(task_id, timeout=30).state for task_id in second.cancelled] == ["cancelled"] * 2
+        assert second.reused == [ReusedGroup(task_id="early-b", carried=1, staleness=0, kept_running=False)]
+        assert carried(reuse) == ([("early-c", 2)], []) and second.carried_out == ["early-c"]
+        last = list(client.groups([], GroupConfig(batch_size=1), stats=third, reuse=reuse, poll_interval=0.2))
+    assert [(g.task_id, g.carried) for g in last] == [("early-c", 2)] and len(reuse) == 0  # nothing lost
+    assert third.reused == [ReusedGroup(task_id="early-c", carried=2, staleness=0, kept_running=False)]
+
+
+def test_the_reuse_snippet_of_the_docs_runs(served: Served, tmp_path: Path) -> None:
+    [snippet] = [b for b in code_blocks(ROOT / "docs" / "service.md")
+                 if b.tested_by == "tests/client/test_groups.py::test_the_reuse_snippet_of_the_docs_runs"]  # fmt: skip
+    pulled: list[str] = []
+    trained: list[list[Group]] = []
+    updates: list[int] = []
+
+    def prompts(step: int) -> Iterator[TaskRequest]:  # endless: alternately all equal and mixed
+        for n in itertools.count():
+            pulled.append(f"reuse-doc-{step}-{n}")
+            yield planned(pulled[-1], ["pass", "pass"] if n % 2 == 0 else MIXED, tmp_path, rollout_step=step)
+
+    with PolarClient(served.url, served.token) as client:
+        before = client.inference().policy_version
+    scope: dict[str, Any] = {"url": served.url, "token": served.token, "steps": 3, "prompts": prompts,
+                             "train_on": trained.append, "update_weights": updates.append}  # fmt: skip
+    exec(snippet.text, scope)
+    assert updates == [0, 1, 2] and [len(batch) for batch in trained] == [2, 2, 2]
+    groups = [group for batch in trained for group in batch]
+    assert len({group.task_id for group in groups}) == 6  # none handed out twice
+    assert all(int(group.task_id.rsplit("-", 1)[1]) % 2 for group in groups)  # the mixed ones
+    for step, batch in enumerate(trained):
+        assert all(group.policy_version is None or group.policy_version == before + step for group in batch)
+        for group in batch:  # a carried group is one of an earlier step, at most max_staleness behind
+            assert (group.carried > 0) == (group.rollout_step != step) and (group.staleness or 0) <= 1
+    assert len(scope["reuse"]) == 0
+    with PolarClient(served.url, served.token) as client:  # nothing left running: the kept tasks were cancelled
+        assert all(client.status(task_id).state in ("completed", "cancelled") for task_id in pulled)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.groups import DroppedGroup, Group, GroupConfig, GroupStats, judge_group
+from polar_cli.groups import DroppedGroup, Group, GroupConfig, GroupStats, ReusedGroup, judge_group
 from polar_cli.models import PolicyVersions, SessionResult, TaskRequest, TrajectoryStatus
 from polar_cli.trainers.tensorboard import step_scalars, write_step
 from tests.trainers.helpers import make_result, make_trace
@@ -27,13 +27,17 @@ def session(task_id: str, index: int, reward: float | None, status: TrajectorySt
 
 
 def step() -> tuple[list[Group], GroupStats]:
-    """Two usable groups (rewards 1, 0, 1 with one errored session; 1, 0.5) and one dropped as all equal (0, 0)."""
+    """Two usable groups (rewards 1, 0, 1 with one errored session; 1, 0.5, carried over from the previous call)
+    and one dropped as all equal (0, 0); one task left for the next call."""
     config = GroupConfig(dynamic_sampling=True, min_usable_fraction=0.5)
-    stats = GroupStats(submitted=["a", "b", "c", "d"], cancelled=["d"])
+    reused = [ReusedGroup(task_id="b", carried=1, staleness=1, kept_running=False)]
+    stats = GroupStats(submitted=["a", "c", "d", "e"], cancelled=["d"], carried_in=["b"], reused=reused,
+                       carried_out=["e"])  # fmt: skip
     verdicts = [
         judge_group(task("a", 4), [session("a", 0, 1.0), session("a", 1, 0.0), session("a", 2, 1.0, version=1),
                                    session("a", 3, None, status="error")], config, policy_version=4),
-        judge_group(task("b", 2), [session("b", 0, 1.0), session("b", 1, 0.5)], config, policy_version=4),
+        judge_group(task("b", 2), [session("b", 0, 1.0), session("b", 1, 0.5)], config, policy_version=4,
+                    carried=1),
         judge_group(task("c", 2), [session("c", 0, 0.0), session("c", 1, 0.0)], config, policy_version=4),
     ]  # fmt: skip
     groups = [v for v in verdicts if isinstance(v, Group)]
@@ -62,6 +66,8 @@ EXPECTED = {
     "polar/groups/dropped/all_equal": 1.0,
     "polar/groups/cancelled": 1.0,
     "polar/groups/unused": 0.0,
+    "polar/groups/reused": 1.0,
+    "polar/groups/carried_out": 1.0,
     "polar/sessions/usable": 5.0,
     "polar/sessions/dropped": 1.0,
     "polar/tokens/trainable": 10.0,  # two trainable tokens per usable session
@@ -78,7 +84,8 @@ def test_step_scalars_name_the_steps_figures() -> None:
     assert step_scalars([], GroupStats()) == {"polar/rewards/sessions": 0.0, "polar/rewards/accepted": 0.0,
         "polar/groups/usable": 0.0, "polar/sessions/usable": 0.0, "polar/sessions/dropped": 0.0,
         "polar/tokens/trainable": 0.0, "polar/groups/submitted": 0.0, "polar/groups/dropped": 0.0,
-        "polar/groups/cancelled": 0.0, "polar/groups/unused": 0.0}  # fmt: skip
+        "polar/groups/cancelled": 0.0, "polar/groups/unused": 0.0, "polar/groups/reused": 0.0,
+        "polar/groups/carried_out": 0.0}  # fmt: skip
 
 
 def test_write_step_to_an_event_file_and_read_it_back(tmp_path: Path) -> None:
