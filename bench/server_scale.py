@@ -18,7 +18,8 @@ For each size (``--sizes``), on a fresh server and database:
 1. **burst**: ``size / --samples`` tasks submitted ``--concurrency`` at a time. The gateways hold every session (their
    run slots add up to the burst) until all of them have arrived, so that many are in flight at once. Measured:
    dispatch cost per session (the span from the first submit to the last session's arrival, divided by the
-   sessions), submission-to-dispatch latency p50/p99 (submit sent -> the gateway receiving the session), and
+   sessions), the sessions per dispatch call the gateways received (the server's batching: each call costs its event
+   loop about the same, however few sessions it carries), submission-to-dispatch latency p50/p99 (submit sent -> the gateway receiving the session), and
    ``GET /rollout/status`` latency while the burst is under way;
 2. **in flight**: ``GET /rollout/status`` and a task's ``GET /rollout/task/{id}`` latency, the server's RSS;
 3. **kill -9**: the server is killed with SIGKILL and started again on its data dir and port. Measured: the time
@@ -180,6 +181,8 @@ class Arrivals:
     """Results the server acknowledged."""
     looked_up: int = 0
     """``GET /sessions/{id}`` the server made (its reconciliation)."""
+    calls: int = 0
+    """``POST /sessions`` and ``POST /sessions/batch`` calls the server made (sessions per call: its batching)."""
 
     def arrived(self, session_id: str, task_id: str) -> None:
         if session_id in self.at:
@@ -251,6 +254,7 @@ class SimGateway:
                                  self.token)  # fmt: skip
 
     async def _create(self, request: web.Request) -> web.Response:
+        self.arrivals.calls += 1
         body = await request.json()
         task = body["task"]
         session_id, sample_index = body["session_id"], int(body.get("sample_index", 0))
@@ -261,6 +265,7 @@ class SimGateway:
 
     async def _create_batch(self, request: web.Request) -> web.Response:
         """``POST /sessions/batch`` as a real gateway answers it: each task once, one answer per session."""
+        self.arrivals.calls += 1
         batch = SessionBatch.model_validate_json(await request.read())
         answers = []
         for spec in batch.sessions:
@@ -339,6 +344,8 @@ class Burst:
 
     at: dict[str, float]
     task_of: dict[str, str]
+    calls: int
+    """The server's calls that brought them."""
 
 
 def _fleet_child(nodes: int, slots: int, url: str, token: str, conn: Connection) -> None:
@@ -360,7 +367,7 @@ async def _fleet_main(count: int, slots: int, url: str, token: str, conn: Connec
             if command == "burst":  # every session of the burst arrived: when each did
                 arrivals.target = arg
                 await arrivals.reached.wait()
-                conn.send(Burst(at=arrivals.at, task_of=arrivals.task_of))
+                conn.send(Burst(at=arrivals.at, task_of=arrivals.task_of, calls=arrivals.calls))
             elif command == "looked_up":
                 conn.send(arrivals.looked_up)
             elif command == "release":  # every session called back
@@ -437,6 +444,8 @@ class SizeRow:
     reconciled_s: float
     looked_up: int
     burst_look_ups: int
+    sessions_per_call: float
+    """Sessions per dispatch call the gateways received during the burst."""
     lost: int
     run_twice: int
     results_per_s: float
@@ -588,6 +597,7 @@ async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
         status_busy_ms=(percentile(busy, 0.5), max(busy, default=float("nan"))), status_ms=status_ms,
         task_status_ms=task_status_ms, rss_mib=rss_now, peak_rss_mib=peak, serving_s=serving_s,
         reconciled_s=reconciled_s, looked_up=looked_up, burst_look_ups=burst_look_ups, lost=total - finished,
+        sessions_per_call=total / max(1, burst.calls),
         run_twice=run_twice,
         results_per_s=total / drain_s, tasks={str(k): v for k, v in done.tasks.items()},
     )  # fmt: skip
@@ -619,17 +629,20 @@ def main() -> None:
         rows.append(asyncio.run(one_size(args, size, token)))
         row = rows[-1]
         console.print(f"{size:,} in flight: {row.per_session_ms:.3f} ms/session, p99 {row.p99_ms:,.0f} ms, "
-                      f"RSS {row.peak_rss_mib:,.0f} MiB")  # fmt: skip
+                      f"RSS {row.peak_rss_mib:,.0f} MiB, {row.sessions_per_call:,.1f} sessions per dispatch call"
+                      )  # fmt: skip
 
     table = Table(title=f"rollout server at scale ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
                         f"{args.nodes} simulated gateways, {args.samples} sessions per task)")  # fmt: skip
-    columns = ("in flight", "dispatch / session", "submit->dispatch p50 / p99", "status in burst p50 / max",
+    columns = ("in flight", "dispatch / session", "sessions / call", "submit->dispatch p50 / p99",
+               "status in burst p50 / max",
                "status p50 / max", "task status p50 / max", "server RSS (peak)", "kill -9: serving / reconciled",
                "look-ups: burst / restart", "lost / run twice", "results/s", "tasks at the end")  # fmt: skip
     for column in columns:
         table.add_column(column)
     for r in rows:
-        table.add_row(f"{r.in_flight:,}", f"{r.per_session_ms:.3f} ms", f"{r.p50_ms:,.0f} / {r.p99_ms:,.0f} ms",
+        table.add_row(f"{r.in_flight:,}", f"{r.per_session_ms:.3f} ms", f"{r.sessions_per_call:,.1f}",
+                      f"{r.p50_ms:,.0f} / {r.p99_ms:,.0f} ms",
                       f"{_ms(r.status_busy_ms)} ms", f"{_ms(r.status_ms)} ms", f"{_ms(r.task_status_ms)} ms",
                       f"{r.rss_mib:,.0f} MiB ({r.peak_rss_mib:,.0f})", f"{r.serving_s:.1f} s / {r.reconciled_s:.1f} s",
                       f"{r.burst_look_ups:,} / {r.looked_up:,}", f"{r.lost} / {r.run_twice}", f"{r.results_per_s:,.0f}",
