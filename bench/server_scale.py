@@ -19,8 +19,8 @@ For each size (``--sizes``), on a fresh server and database:
    run slots add up to the burst) until all of them have arrived, so that many are in flight at once. Measured:
    dispatch cost per session (the span from the first submit to the last session's arrival, divided by the
    sessions), the sessions per dispatch call the gateways received (the server's batching: each call costs its event
-   loop about the same, however few sessions it carries), submission-to-dispatch latency p50/p99 (submit sent -> the gateway receiving the session), and
-   ``GET /rollout/status`` latency while the burst is under way;
+   loop about the same, however few sessions it carries), submission-to-dispatch latency p50/p99 (submit sent ->
+   the gateway receiving the session), and ``GET /rollout/status`` latency while the burst is under way;
 2. **in flight**: ``GET /rollout/status`` and a task's ``GET /rollout/task/{id}`` latency, the server's RSS;
 3. **kill -9**: the server is killed with SIGKILL and started again on its data dir and port. Measured: the time
    from the kill until the new server answers with every session still in flight (none lost, none pending again),
