@@ -23,8 +23,10 @@ skipped, and says so.
 
 A third row, ``parquet``, is the format's own ceiling: the same token arrays, already in Arrow arrays, written by
 pyarrow's parquet writer with export's encoding (zstd, PLAIN token columns, no statistics) in export's batches and
-nothing else: no parsing, no traces, no card. Export's share of it is what Polar's own work costs; the parquet row's
-share of the raw write is what the format costs on this machine.
+nothing else: no parsing, no traces, no card. It is one writer on one thread: export, whose shards go to two writer
+threads by default (``ExportOptions.threads``), can pass it. Export's share of it is what Polar's own work costs (or,
+above 100%, what its threads gain); the parquet row's share of the raw write is what the format costs on this
+machine.
 
 Reported per row: traces/s, tokens/s, MiB written and MiB/s, peak RSS; the header has the CPUs and the load average.
 After each size's pair of rows, and again at the end, export's traces/s as a fraction of the raw write's (the goal:

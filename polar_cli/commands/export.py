@@ -59,6 +59,10 @@ def export_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of the preference pairs."),
     license: str = typer.Option("other", "--license", help="The dataset card's license."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
+    threads: int | None = typer.Option(
+        None, "--threads", show_default="2, or 1 on a one-CPU machine",
+        help="Threads that encode and write the parquet shards.",
+    ),
     json_output: bool = JsonOption,
 ) -> None:
     """Export generated sessions, or an online run's (polar serve), as a HuggingFace dataset: configs 'traces',
@@ -67,7 +71,7 @@ def export_command(
     options = validate_model(ExportOptions, {
         "accepted_only": accepted_only, "min_reward": min_reward, "keep_rejected": keep_rejected,
         "test_size": test_size, "stratify_by": stratify_by, "seed": seed, "license": license,
-        "overwrite": overwrite}, source="polar export")  # fmt: skip
+        "overwrite": overwrite, "threads": threads}, source="polar export")  # fmt: skip
     with steps("polar export") as progress:
         report = export(source, to, options, on_progress=progress.step)
     if json_output:

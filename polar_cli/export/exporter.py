@@ -7,9 +7,10 @@ columns of ``polar_cli.export.instance``) and ``preferences`` (accepted / reject
 
 Two passes over the ledger: the first reads only the small summary columns (filters, the split, the preference pairs,
 the card's stats), the second streams each SessionResult it needs once, in dataset order, into sharded parquet writers.
-Memory holds two record batches per (config, split), however many traces there are, and the messages rows of paired
-sessions whose partner is not read yet (the ledger's order keeps a task's sessions together). The folder is written
-beside ``to`` and renamed into place at the end, so a crash never leaves half a dataset under ``to``.
+Memory holds at most ``threads x shard_batches + 1`` record batches per (config, split) (``ShardedWriter``), however
+many traces there are, and the messages rows of paired sessions whose partner is not read yet (the ledger's order
+keeps a task's sessions together). The folder is written beside ``to`` and renamed into place at the end, so a crash
+never leaves half a dataset under ``to``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class ExportOptions(StrictModel):
     seed: int = Field(default=0, description="seed of the split and of the preference pairs")
     license: str = "other"
     overwrite: bool = False
+    threads: int | None = Field(
+        default=None, ge=1, le=64,
+        description="threads that encode and write the parquet shards (None: two, or one on a one-CPU machine)",
+    )
 
     def keeps(self, row: ResultRow) -> bool:
         if self.accepted_only and not row.accepted:
@@ -257,7 +262,7 @@ def export(source: Source | ExportSource, to: Path, options: ExportOptions | Non
     """Write ``source``'s final results (a ``polar generate`` folder, or online data: see ``polar_cli.online``) as a
     HuggingFace dataset folder at ``to`` (MissingDependencyError, before anything is read, without pyarrow: the
     ``hf`` extra)."""
-    from polar_cli.export.parquet import ShardedWriter
+    from polar_cli.export.parquet import ShardedWriter, default_threads
 
     progress = on_progress or (lambda step, done, total: None)
     options = options or ExportOptions()
@@ -284,7 +289,9 @@ def export(source: Source | ExportSource, to: Path, options: ExportOptions | Non
         def writer(config: str, split: str) -> ShardedWriter:
             key = (config, split)
             if key not in writers:
-                writers[key] = ShardedWriter(staging, config, split, batch_rows=batch_rows)
+                threads = options.threads or default_threads()
+                writers[key] = ShardedWriter(staging, config, split, batch_rows=batch_rows, threads=threads)
+                stack.callback(writers[key].abort)  # an export that fails stops every writer's threads
             return writers[key]
 
         for config in CONFIGS:
