@@ -20,6 +20,7 @@ from polar_cli.models import Completion, TokenMode, validate_model
 from polar_cli.models.task import SCRIPT_KEY, SamplingSpec, SessionLimits
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 from polar_cli.proxy.limits import LimitHit, SessionGuard
+from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sampling import RawLogprobsWarning
 from polar_cli.proxy.token_prompt import TokenHistory
 
@@ -155,7 +156,7 @@ class SessionRegistry:
     """Every live session of one proxy. Routing, authentication and capture go through here."""
 
     def __init__(
-        self, backend: BackendClient, journal_dir: Path | None = None, token_mode: TokenMode = "messages"
+        self, backend: InferencePool, journal_dir: Path | None = None, token_mode: TokenMode = "messages"
     ) -> None:
         self.backend = backend
         self.journal_dir = journal_dir
@@ -184,7 +185,8 @@ class SessionRegistry:
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
         checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call and
-        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`).
+        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`). ``metadata.task_id`` is the session's group
+        in the inference pool (group affinity).
 
         A session id whose journal already has records continues it: numbering goes on after the last index, and the
         session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
@@ -198,7 +200,9 @@ class SessionRegistry:
         mode = token_mode or self.token_mode
         if mode == "tokens" and not self.backend.token_in:
             raise ConfigError(no_token_in(self.backend.name or type(self.backend).__name__))
-        await self.backend.open_session(session_id, options)
+        task_id = metadata.get("task_id")
+        # the samples of one task share their prompt: the pool keeps them on one replica (its prefix cache)
+        await self.backend.open_session(session_id, options, group=None if task_id is None else str(task_id))
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling,
                           token_mode=mode, keep_reasoning=keep_reasoning)  # fmt: skip
         if mode == "tokens":
