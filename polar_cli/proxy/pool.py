@@ -4,7 +4,7 @@
 
 - **Routing.** A session stays on its replica while that replica is healthy (its prefix cache keeps the session's
   history); a new session, or one whose replica left, goes to the healthy replica with the fewest calls in flight.
-- **Group affinity.** The sessions of one group (one task's samples, opened with ``group=task_id``) prefer one
+- **Group affinity.** The sessions of one group (a task's samples: ``open_session(..., group=...)``) prefer one
   replica, so the prompt they share is prefilled once there (the server's prefix cache): each group ranks the
   replicas by rendezvous hashing (stable across gateways, and as replicas join or leave), and a new session takes
   the first in its ranking whose calls in flight exceed the least-loaded healthy replica's by at most
@@ -487,7 +487,8 @@ class InferencePool(BackendClient):
                 log.warning("replica out of rotation until it answers: %s", err)
 
     async def open_session(self, session_id: str, options: Mapping[str, Any], *, group: str | None = None) -> None:
-        """``group``: the session samples for this group (its task id); the group's sessions prefer one replica."""
+        """``group``: the session samples for this group (``sessions.affinity_group``); a group's sessions prefer one
+        replica."""
         if group is not None:
             self._groups[session_id] = group
         for replica in list(self._replicas):

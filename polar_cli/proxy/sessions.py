@@ -53,6 +53,17 @@ SAMPLE_INDEX_KEY = "sample_index"
 """``metadata.sample_index`` (set by the gateway for each session of a task): which variant of a script it plays."""
 
 
+def affinity_group(metadata: Mapping[str, Any]) -> str | None:
+    """The group a session samples for, which the inference pool keeps on one replica (the samples of a group share
+    their prompt, so that replica's prefix cache prefills it once): ``metadata.group_id`` when the task names one (as
+    trainers group by it), else ``metadata.task_id`` (the gateway sets it: one task, one group); None: neither."""
+    for key in ("group_id", "task_id"):
+        value = metadata.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None
+
+
 def inline_script(script: Any) -> list[Any] | dict[str, Any]:
     """``script`` when it is inline (a list of turns, or a mapping of variants); else ConfigError: a session or task
     may not name a host file."""
@@ -185,8 +196,8 @@ class SessionRegistry:
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
         checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call and
-        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`). ``metadata.task_id`` is the session's group
-        in the inference pool (group affinity).
+        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`). The pool places it by its group
+        (:func:`affinity_group`).
 
         A session id whose journal already has records continues it: numbering goes on after the last index, and the
         session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
@@ -200,9 +211,7 @@ class SessionRegistry:
         mode = token_mode or self.token_mode
         if mode == "tokens" and not self.backend.token_in:
             raise ConfigError(no_token_in(self.backend.name or type(self.backend).__name__))
-        task_id = metadata.get("task_id")
-        # the samples of one task share their prompt: the pool keeps them on one replica (its prefix cache)
-        await self.backend.open_session(session_id, options, group=None if task_id is None else str(task_id))
+        await self.backend.open_session(session_id, options, group=affinity_group(metadata))
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling,
                           token_mode=mode, keep_reasoning=keep_reasoning)  # fmt: skip
         if mode == "tokens":

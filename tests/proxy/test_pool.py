@@ -19,6 +19,7 @@ from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.pool import InferencePool, PoolConfig, rank_replicas
 from polar_cli.proxy.retry import RetryConfig
+from polar_cli.proxy.sessions import affinity_group
 from polar_cli.registry import get_backend
 
 from .upstream import vllm_answer, vllm_chunks
@@ -171,6 +172,13 @@ def test_rendezvous_ranking_is_stable_and_moves_only_the_groups_of_a_replica_tha
     left = urls[1:]
     for group in groups:  # without urls[0]: each group keeps its order of the others
         assert rank_replicas(group, left, key=str) == [u for u in ranked[group] if u != urls[0]]
+
+
+def test_a_sessions_group_is_its_tasks_group_id_else_its_task_id() -> None:
+    assert affinity_group({"task_id": "t1", "group_id": "prompt-7"}) == "prompt-7"
+    assert affinity_group({"task_id": "t1", "group_id": 7}) == "7"
+    assert affinity_group({"task_id": "t1", "sample_index": 3}) == "t1"
+    assert affinity_group({"sample_index": 3}) is None
 
 
 def test_a_groups_sessions_go_to_its_replica_and_other_groups_to_theirs() -> None:
