@@ -588,7 +588,11 @@ class InferencePool(BackendClient):
         if not self.config.group_affinity or len(healthy) < 2:
             return None
         bound = min(len(r.flights) for r in healthy) + self.config.affinity_margin
-        return next(r for r in rank_replicas(group, healthy, key=_Replica.where) if len(r.flights) <= bound)
+        ranked = rank_replicas(group, healthy, key=_Replica.where)
+        chosen = next(r for r in ranked if len(r.flights) <= bound)
+        if self.metrics is not None:
+            self.metrics.group_placed(spilled=chosen is not ranked[0])
+        return chosen
 
     async def _gate(self) -> None:
         if self._open.is_set():

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from polar_cli.errors import BackendError, ConfigError, PauseTimeout, PoolControlError
 from polar_cli.interfaces.backend import BackendClient
+from polar_cli.metrics import ProxyMetrics
 from polar_cli.models.chat import ChatRequest, Generation
 from polar_cli.proxy.pool import InferencePool, PoolConfig, rank_replicas
 from polar_cli.proxy.retry import RetryConfig
@@ -224,6 +225,7 @@ def test_a_group_spills_over_once_its_replica_is_busier_than_the_margin(margin: 
         a.hold.clear()
         b.hold.clear()
         pool = InferencePool(vllm, [a.url, b.url], config=FAST.model_copy(update={"affinity_margin": margin}))
+        pool.metrics = metrics = ProxyMetrics()
         try:
             group = "task-0"
             preferred = home(group, [a.url, b.url])
@@ -236,6 +238,9 @@ def test_a_group_spills_over_once_its_replica_is_busier_than_the_margin(margin: 
             placed = [(await call).replica for call in calls]
             assert placed == [preferred] * (margin + 1) + [other]
             assert (await pool.generate(chat(), session_id=f"{group}-{margin + 1}")).replica == other
+            placements = {p: metrics.registry.get_sample_value("polar_inference_group_placements_total", {"placed": p})
+                          for p in ("first", "spilled")}  # fmt: skip
+            assert placements == {"first": margin + 1, "spilled": 1}
         finally:
             await pool.close()
             await a.stop()
