@@ -13,7 +13,8 @@ tokens), shared by its samples, as the prompt of a GRPO group is. Each sample is
 From each server's ``/metrics``, before and after a run, summed over both servers: prompt tokens
 (``vllm:prompt_tokens``), those computed (``vllm:prompt_tokens_by_source{source="local_compute"}``, the prefill work)
 and those served from the prefix cache (``source="local_cache_hit"``); from the gateway's journals, how many replicas
-each group's samples sampled on. Printed as one table, a row per run.
+each group's samples sampled on, and from the gateway's ``polar_inference_group_placements_total`` how many sessions
+spilled over from their group's first replica. Printed as one table, a row per run.
 
     flock /tmp/polar-heavy.lock python bench/group_affinity.py [--groups 4] [--samples 8] [--rounds 1]
 """
@@ -142,14 +143,14 @@ def vllm_servers(model_dir: Path, work: Path, count: int) -> Iterator[list[str]]
 
 
 @contextmanager
-def polar_serve(work: Path, urls: list[str], affinity: bool, slots: int) -> Iterator[dict[str, Any]]:
+def polar_serve(work: Path, urls: list[str], pool: dict[str, Any], slots: int) -> Iterator[dict[str, Any]]:
     """A real ``polar serve`` (its own process) over the replicas ``urls``; its ``serve.json``."""
     data_dir = work / "polar-data"
     data_dir.mkdir(parents=True)
     config = work / "serve.yaml"
     pipeline = {"init_workers": 4, "run_slots": slots, "postrun_workers": 4}
     gateway = {"scratch_root": str(work / "scratch"), "pipeline": pipeline,
-               "proxy": {"pool": {"group_affinity": affinity}}}  # fmt: skip
+               "proxy": {"pool": pool}}  # fmt: skip
     config.write_text(yaml.safe_dump({"gateway": gateway}))
     backends = [arg for url in urls for arg in ("--backend-url", url)]
     argv = [sys.executable, "-m", "polar_cli", "serve", "--data-dir", str(data_dir), "--port", "0", "--config",
@@ -172,6 +173,14 @@ def polar_serve(work: Path, urls: list[str], affinity: bool, slots: int) -> Iter
         yield wait_until(info, proc, log, "polar serve", 120)
     finally:
         stop(proc)
+
+
+def spilled(info: dict[str, Any]) -> int:
+    """New sessions the gateway's pool spilled over from their group's first replica (its metrics)."""
+    headers = {"Authorization": f"Bearer {info['node_token']}"}
+    text = httpx.get(f"{info['gateway_url']}/metrics", headers=headers, timeout=30).text
+    name = 'polar_inference_group_placements_total{placed="spilled"}'
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(name))
 
 
 def counters(url: str) -> dict[str, float]:
@@ -218,6 +227,7 @@ class Row:
     cached: float
     per_group: float
     """Replicas a group's samples sampled on, mean over the groups."""
+    spilled: int
     wall_s: float
 
 
@@ -225,8 +235,9 @@ def one_run(run: int, urls: list[str], affinity: bool, args: argparse.Namespace,
     for url in urls:
         httpx.post(f"{url}/reset_prefix_cache", timeout=60).raise_for_status()
     before = [counters(url) for url in urls]
+    pool: dict[str, Any] = {"group_affinity": affinity, "affinity_margin": args.margin}
     with tempfile.TemporaryDirectory(prefix="polar-affinity-") as tmp, \
-            polar_serve(Path(tmp), urls, affinity, args.groups * args.samples) as info:  # fmt: skip
+            polar_serve(Path(tmp), urls, pool, args.groups * args.samples) as info:  # fmt: skip
         began = time.monotonic()
         with PolarClient(info["url"], info["token"], timeout=60) as client:
             ids = [f"r{run}-g{g}" for g in range(args.groups)]
@@ -244,27 +255,28 @@ def one_run(run: int, urls: list[str], affinity: bool, args: argparse.Namespace,
                 calls += len(done)
                 replicas.append(len({c.replica for c in done}))
         wall_s = time.monotonic() - began
+        spills = spilled(info)
     after = [counters(url) for url in urls]
     delta = {key: sum(a[key] - b[key] for a, b in zip(after, before, strict=True)) for key in before[0]}
     return Row(f"{run + 1}", affinity, calls, delta["total"], delta["local_compute"], delta["local_cache_hit"],
-               sum(replicas) / len(replicas), wall_s)  # fmt: skip
+               sum(replicas) / len(replicas), spills, wall_s)  # fmt: skip
 
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     table = Table(title=f"Group affinity: {args.groups} groups x {args.samples} samples x {args.calls} calls, "
-                        f"2 vLLM CPU replicas, ~{args.prompt_words} words of shared prompt per group")  # fmt: skip
+                        f"2 vLLM CPU replicas, ~{args.prompt_words} words of shared prompt per group, "
+                        f"margin {args.margin}")  # fmt: skip
     for name in ("run", "affinity", "calls", "prompt tokens", "prefill computed", "from prefix cache",
-                 "computed / prompt", "replicas per group", "wall s"):  # fmt: skip
+                 "computed / prompt", "replicas per group", "sessions spilled", "wall s"):  # fmt: skip
         table.add_column(name, justify="right")
     for row in rows:
         table.add_row(row.run, "on" if row.affinity else "off", str(row.calls), f"{row.prompt:,.0f}",
                       f"{row.computed:,.0f}", f"{row.cached:,.0f}", f"{row.computed / max(row.prompt, 1):.1%}",
-                      f"{row.per_group:.2f}", f"{row.wall_s:.1f}")  # fmt: skip
+                      f"{row.per_group:.2f}", str(row.spilled), f"{row.wall_s:.1f}")  # fmt: skip
     Console(width=150).print(table)
-    for affinity in (True, False):
-        mine = [r for r in rows if r.affinity is affinity]
-        computed = sum(r.computed for r in mine) / len(mine)
-        print(f"affinity {'on ' if affinity else 'off'}: {computed:,.0f} prefill tokens computed per run (mean)")
+    mean = {on: sum(r.computed for r in rows if r.affinity is on) / (len(rows) / 2) for on in (True, False)}
+    fewer = f" ({1 - mean[True] / mean[False]:.0%} fewer with it)" if mean[False] else ""
+    print(f"prefill tokens computed per run (mean): {mean[True]:,.0f} with affinity, {mean[False]:,.0f} without{fewer}")
 
 
 def main() -> None:
@@ -274,6 +286,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2, help="chat calls per sample")
     parser.add_argument("--prompt-words", type=int, default=600, help="random words in each group's instruction")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--margin", type=int, default=8, help="proxy.pool.affinity_margin (8: the default)")
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs (affinity on, then off)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
