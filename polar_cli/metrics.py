@@ -132,6 +132,13 @@ class ProxyMetrics:
             "polar_inference_retries", "Upstream attempts that were retries of a call (on this replica)", ["replica"],
             registry=r,
         )  # fmt: skip
+        self.group_placements = Counter(
+            "polar_inference_group_placements", "New sessions of a group placed by group affinity: on the group's "
+            "first replica, or spilled over to a later one (the first was busier than the margin)", ["placed"],
+            registry=r,
+        )  # fmt: skip
+        for placed in ("first", "spilled"):
+            self.group_placements.labels(placed)
         self._pool: Callable[[], PoolReading] | None = None
         self._sessions: Callable[[], int] | None = None
         r.register(_Reader(self._collect))
@@ -166,6 +173,9 @@ class ProxyMetrics:
         self.upstream_seconds.labels(replica, "true" if stream else "false").observe(seconds)
         if retry:
             self.retries.labels(replica).inc()
+
+    def group_placed(self, spilled: bool) -> None:
+        self.group_placements.labels("spilled" if spilled else "first").inc()
 
     def _collect(self) -> Iterable[Metric]:
         if self._sessions is not None:

@@ -4,6 +4,11 @@
 
 - **Routing.** A session stays on its replica while that replica is healthy (its prefix cache keeps the session's
   history); a new session, or one whose replica left, goes to the healthy replica with the fewest calls in flight.
+- **Group affinity.** The sessions of one group (a task's samples: ``open_session(..., group=...)``) prefer one
+  replica, so the prompt they share is prefilled once there (the server's prefix cache): each group ranks the
+  replicas by rendezvous hashing (stable across gateways, and as replicas join or leave), and a new session takes
+  the first in its ranking whose calls in flight exceed the least-loaded healthy replica's by at most
+  ``PoolConfig.affinity_margin`` (beyond it, the group spills over to its next replica).
 - **Failover.** A call that cannot reach its replica (refused, reset, timed out, 502/503/504) takes that replica out
   of rotation and is tried again on another one within the call's retry budget: the harness sees no error. A health
   check (``GET /v1/models``) re-admits it when it answers again.
@@ -22,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field
 
@@ -47,6 +53,7 @@ from polar_cli.models.inference import (
 from polar_cli.proxy.retry import RetryConfig, with_retries
 
 log = logging.getLogger("polar.proxy.pool")
+_R = TypeVar("_R")
 
 _UNHEALTHY_STATUSES = frozenset({502, 503, 504})
 """A retryable failure with one of these statuses means the replica cannot serve (unreachable, cut off, timed out,
@@ -59,6 +66,18 @@ class PoolConfig(StrictModel):
 
     health_interval_s: float = Field(default=2.0, gt=0, description="how often each replica is asked GET /v1/models")
     health_timeout_s: float = Field(default=5.0, gt=0, description="how long a health check waits for its answer")
+    group_affinity: bool = Field(
+        default=True,
+        description="the sessions of one task (a group of samples) prefer one replica, so the prompt they share is "
+        "prefilled once (its prefix cache); false: every new session goes to the least-loaded replica",
+    )
+    affinity_margin: int = Field(
+        default=8,
+        ge=0,
+        description="a group's replica takes a new session of the group while its calls in flight exceed the "
+        "least-loaded healthy replica's by at most this many; beyond it the session spills over to the group's next "
+        "replica",
+    )
 
 
 @dataclass(eq=False)
@@ -145,6 +164,17 @@ class PooledStream:
         self.flight.stamp(generation)
 
 
+def rank_replicas(group: str, replicas: Sequence[_R], *, key: Callable[[_R], str]) -> list[_R]:
+    """``replicas`` in ``group``'s order of preference: rendezvous (highest random weight) hashing of the group with
+    each replica's ``key`` (its URL). Every gateway ranks alike, and a replica joining or leaving moves only the
+    groups that rank it first."""
+
+    def weight(replica: _R) -> bytes:
+        return hashlib.blake2b(f"{group}\0{key(replica)}".encode(), digest_size=8).digest()
+
+    return sorted(replicas, key=weight, reverse=True)
+
+
 class InferencePool(BackendClient):
     """The replicas of one gateway (``urls``: each made into a client by ``make_client``; ``[None]`` for a backend
     without a URL, such as the scripted one). See the module docstring."""
@@ -183,6 +213,8 @@ class InferencePool(BackendClient):
         self._watchers = 0
         """Pauses and drains waiting for calls to land: only then does a landing wake anyone."""
         self._affinity: dict[str, _Replica] = {}
+        self._groups: dict[str, str] = {}
+        """Session id → its group (the task it samples for): what group affinity ranks replicas by."""
         self._placed = 0
         self._health: asyncio.Task[None] | None = None
         self._closed = False
@@ -454,11 +486,16 @@ class InferencePool(BackendClient):
             if err is not None:
                 log.warning("replica out of rotation until it answers: %s", err)
 
-    async def open_session(self, session_id: str, options: Mapping[str, Any]) -> None:
+    async def open_session(self, session_id: str, options: Mapping[str, Any], *, group: str | None = None) -> None:
+        """``group``: the session samples for this group (``sessions.affinity_group``); a group's sessions prefer one
+        replica."""
+        if group is not None:
+            self._groups[session_id] = group
         for replica in list(self._replicas):
             await replica.client.open_session(session_id, options)
 
     async def close_session(self, session_id: str) -> None:
+        self._groups.pop(session_id, None)
         pinned = self._affinity.pop(session_id, None)
         if pinned is not None:
             pinned.sessions.discard(session_id)
@@ -518,15 +555,18 @@ class InferencePool(BackendClient):
             self.metrics.upstream(replica_label(replica.url), code, streamed, time.monotonic() - began, retry)
 
     def _pick(self, session_id: str, failed: set[_Replica]) -> _Replica:
-        """The session's replica while it is healthy; else the healthy replica with the fewest calls in flight (then
-        the fewest sessions, then the longest unchosen); with none healthy, the one that failed least recently, to try
-        anyway."""
+        """The session's replica while it is healthy; else its group's replica (:meth:`_for_group`); else the healthy
+        replica with the fewest calls in flight (then the fewest sessions, then the longest unchosen); with none
+        healthy, the one that failed least recently, to try anyway."""
         pinned = self._affinity.get(session_id) if session_id else None
         if pinned is not None and pinned.state == "healthy" and pinned not in failed and pinned in self._replicas:
             return pinned
         healthy = [r for r in self._replicas if r.state == "healthy" and r not in failed]
         if healthy:
-            best = min(healthy, key=lambda r: (len(r.flights), len(r.sessions), r.chosen_at))
+            group = self._groups.get(session_id) if session_id else None
+            best = self._for_group(group, healthy) if group is not None else None
+            if best is None:
+                best = min(healthy, key=lambda r: (len(r.flights), len(r.sessions), r.chosen_at))
         else:
             candidates = [r for r in self._replicas if r.state != "draining" and r not in failed] or [
                 r for r in self._replicas if r.state != "draining"]  # fmt: skip
@@ -541,6 +581,18 @@ class InferencePool(BackendClient):
             self._placed += 1
             best.chosen_at = self._placed
         return best
+
+    def _for_group(self, group: str, healthy: list[_Replica]) -> _Replica | None:
+        """The first replica in ``group``'s ranking whose calls in flight exceed the least-loaded one's by at most
+        ``affinity_margin`` (None: affinity is off, or there is no choice to make)."""
+        if not self.config.group_affinity or len(healthy) < 2:
+            return None
+        bound = min(len(r.flights) for r in healthy) + self.config.affinity_margin
+        ranked = rank_replicas(group, healthy, key=_Replica.where)
+        chosen = next(r for r in ranked if len(r.flights) <= bound)
+        if self.metrics is not None:
+            self.metrics.group_placed(spilled=chosen is not ranked[0])
+        return chosen
 
     async def _gate(self) -> None:
         if self._open.is_set():

@@ -20,6 +20,7 @@ from polar_cli.models import Completion, TokenMode, validate_model
 from polar_cli.models.task import SCRIPT_KEY, SamplingSpec, SessionLimits
 from polar_cli.proxy.journal import Journal, journal_path, validate_lines
 from polar_cli.proxy.limits import LimitHit, SessionGuard
+from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.sampling import RawLogprobsWarning
 from polar_cli.proxy.token_prompt import TokenHistory
 
@@ -50,6 +51,17 @@ INLINE_SCRIPT_RULE = (
 )
 SAMPLE_INDEX_KEY = "sample_index"
 """``metadata.sample_index`` (set by the gateway for each session of a task): which variant of a script it plays."""
+
+
+def affinity_group(metadata: Mapping[str, Any]) -> str | None:
+    """The group a session samples for, which the inference pool keeps on one replica (the samples of a group share
+    their prompt, so that replica's prefix cache prefills it once): ``metadata.group_id`` when the task names one (as
+    trainers group by it), else ``metadata.task_id`` (the gateway sets it: one task, one group); None: neither."""
+    for key in ("group_id", "task_id"):
+        value = metadata.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None
 
 
 def inline_script(script: Any) -> list[Any] | dict[str, Any]:
@@ -155,7 +167,7 @@ class SessionRegistry:
     """Every live session of one proxy. Routing, authentication and capture go through here."""
 
     def __init__(
-        self, backend: BackendClient, journal_dir: Path | None = None, token_mode: TokenMode = "messages"
+        self, backend: InferencePool, journal_dir: Path | None = None, token_mode: TokenMode = "messages"
     ) -> None:
         self.backend = backend
         self.journal_dir = journal_dir
@@ -184,7 +196,8 @@ class SessionRegistry:
     ) -> Session:
         """A new session with its own secret; ``backend_options`` (e.g. an inline ``script``) go to the backend,
         checked against its allow-list (see :func:`session_options`); ``sampling`` is forced onto its every call and
-        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`).
+        ``limits`` are enforced on them (:mod:`polar_cli.proxy.limits`). The pool places it by its group
+        (:func:`affinity_group`).
 
         A session id whose journal already has records continues it: numbering goes on after the last index, and the
         session's completions include the earlier ones (a proxy restarted under a harness). With ``fresh`` the earlier
@@ -198,7 +211,7 @@ class SessionRegistry:
         mode = token_mode or self.token_mode
         if mode == "tokens" and not self.backend.token_in:
             raise ConfigError(no_token_in(self.backend.name or type(self.backend).__name__))
-        await self.backend.open_session(session_id, options)
+        await self.backend.open_session(session_id, options, group=affinity_group(metadata))
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling,
                           token_mode=mode, keep_reasoning=keep_reasoning)  # fmt: skip
         if mode == "tokens":

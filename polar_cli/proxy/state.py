@@ -47,7 +47,7 @@ class ProxyState:
             self.pool = backend if isinstance(backend, InferencePool) else InferencePool.of(backend)
         self.pool.metrics = self.metrics
         self.backend: BackendClient = self.pool
-        self.registry = SessionRegistry(self.backend, config.journal_dir, config.token_mode)
+        self.registry = SessionRegistry(self.pool, config.journal_dir, config.token_mode)
         self.metrics.watch(self._pool_reading, lambda: len(self.registry.sessions()))
         self.base_url: str | None = config.public_url
         self._models: list[str] | None = None

@@ -1,6 +1,7 @@
 """The inference pool over real HTTP replicas (small aiohttp servers in vLLM's answer shape: a real vLLM is too
 heavy to start four of; tests/server/test_inference_pool_vllm.py does the same with two real ones): routing with
-session affinity, failover and re-admission, pause and resume with versions, drain, weight loads."""
+session affinity and group affinity, failover and re-admission, pause and resume with versions, drain, weight
+loads."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from aiohttp import web
 
 from polar_cli.errors import BackendError, ConfigError, PauseTimeout, PoolControlError
 from polar_cli.interfaces.backend import BackendClient
+from polar_cli.metrics import ProxyMetrics
 from polar_cli.models.chat import ChatRequest, Generation
-from polar_cli.proxy.pool import InferencePool, PoolConfig
+from polar_cli.proxy.pool import InferencePool, PoolConfig, rank_replicas
 from polar_cli.proxy.retry import RetryConfig
+from polar_cli.proxy.sessions import affinity_group
 from polar_cli.registry import get_backend
 
 from .upstream import vllm_answer, vllm_chunks
@@ -145,6 +148,145 @@ def test_sessions_that_arrive_one_at_a_time_still_spread() -> None:
             await pool.close()
             await a.stop()
             await b.stop()
+
+    run(test)
+
+
+def home(group: str, urls: list[str]) -> str:
+    """The replica ``group``'s sessions prefer."""
+    return rank_replicas(group, urls, key=str)[0]
+
+
+def groups_homed(urls: list[str]) -> tuple[str, str]:
+    """Two group names whose sessions prefer different replicas of ``urls``."""
+    names = [f"task-{i}" for i in range(64)]
+    first = names[0]
+    return first, next(n for n in names if home(n, urls) != home(first, urls))
+
+
+def test_rendezvous_ranking_is_stable_and_moves_only_the_groups_of_a_replica_that_leaves() -> None:
+    urls = [f"http://10.0.0.{i}:8000" for i in range(4)]
+    groups = [f"task-{i}" for i in range(200)]
+    ranked = {g: rank_replicas(g, urls, key=str) for g in groups}
+    assert all(rank_replicas(g, list(reversed(urls)), key=str) == ranked[g] for g in groups)  # order-free
+    assert all(sum(ranked[g][0] == u for g in groups) > 25 for u in urls)  # every replica is some groups' first
+    left = urls[1:]
+    for group in groups:  # without urls[0]: each group keeps its order of the others
+        assert rank_replicas(group, left, key=str) == [u for u in ranked[group] if u != urls[0]]
+
+
+def test_a_sessions_group_is_its_tasks_group_id_else_its_task_id() -> None:
+    assert affinity_group({"task_id": "t1", "group_id": "prompt-7"}) == "prompt-7"
+    assert affinity_group({"task_id": "t1", "group_id": 7}) == "7"
+    assert affinity_group({"task_id": "t1", "sample_index": 3}) == "t1"
+    assert affinity_group({"sample_index": 3}) is None
+
+
+def test_a_groups_sessions_go_to_its_replica_and_other_groups_to_theirs() -> None:
+    """Sessions of one group arrive one at a time (each ends before the next): without a group they would alternate
+    (the test above); with one they all land on the group's replica, and a second group's on its own."""
+
+    async def test() -> None:
+        a, b = await replicas(2)
+        pool = InferencePool(vllm, [a.url, b.url], config=FAST)
+        try:
+            for group in groups_homed([a.url, b.url]):
+                used = set()
+                for i in range(4):
+                    await pool.open_session(f"{group}-{i}", {}, group=group)
+                    used.add((await pool.generate(chat(), session_id=f"{group}-{i}")).replica)
+                    await pool.close_session(f"{group}-{i}")
+                assert used == {home(group, [a.url, b.url])}
+        finally:
+            await pool.close()
+            await a.stop()
+            await b.stop()
+
+    run(test)
+
+
+async def held_sessions(pool: InferencePool, group: str, count: int) -> list[asyncio.Task[Generation]]:
+    """``count`` sessions of ``group``, each placed while the ones before it still have their call in flight."""
+    calls = []
+    for i in range(count):
+        await pool.open_session(f"{group}-{i}", {}, group=group)
+        calls.append(asyncio.create_task(pool.generate(chat(), session_id=f"{group}-{i}")))
+        await until(lambda n=i + 1: pool.in_flight() == n)
+    return calls
+
+
+@pytest.mark.parametrize("margin", [0, 2])
+def test_a_group_spills_over_once_its_replica_is_busier_than_the_margin(margin: int) -> None:
+    """With ``margin`` calls more in flight on the group's replica than on the other, the next session still goes
+    there; one more and it spills over to the other replica (and stays there)."""
+
+    async def test() -> None:
+        a, b = await replicas(2)
+        a.hold.clear()
+        b.hold.clear()
+        pool = InferencePool(vllm, [a.url, b.url], config=FAST.model_copy(update={"affinity_margin": margin}))
+        pool.metrics = metrics = ProxyMetrics()
+        try:
+            group = "task-0"
+            preferred = home(group, [a.url, b.url])
+            other = b.url if preferred == a.url else a.url
+            calls = await held_sessions(pool, group, margin + 2)
+            in_flight = {r.url: r.in_flight for r in pool.status().replicas}
+            assert in_flight == {preferred: margin + 1, other: 1}
+            a.hold.set()
+            b.hold.set()
+            placed = [(await call).replica for call in calls]
+            assert placed == [preferred] * (margin + 1) + [other]
+            assert (await pool.generate(chat(), session_id=f"{group}-{margin + 1}")).replica == other
+            placements = {p: metrics.registry.get_sample_value("polar_inference_group_placements_total", {"placed": p})
+                          for p in ("first", "spilled")}  # fmt: skip
+            assert placements == {"first": margin + 1, "spilled": 1}
+        finally:
+            await pool.close()
+            await a.stop()
+            await b.stop()
+
+    run(test)
+
+
+def test_with_group_affinity_off_a_groups_sessions_spread() -> None:
+    async def test() -> None:
+        a, b = await replicas(2)
+        a.hold.clear()
+        b.hold.clear()
+        pool = InferencePool(vllm, [a.url, b.url], config=FAST.model_copy(update={"group_affinity": False}))
+        try:
+            calls = await held_sessions(pool, "task-0", 4)
+            a.hold.set()
+            b.hold.set()
+            placed = [(await call).replica for call in calls]
+            assert placed == [a.url, b.url, a.url, b.url]
+        finally:
+            await pool.close()
+            await a.stop()
+            await b.stop()
+
+    run(test)
+
+
+def test_a_group_whose_replica_is_out_of_rotation_goes_to_its_next_one() -> None:
+    async def test() -> None:
+        reps = await replicas(3)
+        urls = [r.url for r in reps]
+        group = "task-0"
+        first, second, _ = rank_replicas(group, urls, key=str)
+        pool = InferencePool(vllm, urls, config=FAST, retry=RetryConfig(attempts=3, base_delay_s=0.01))
+        try:
+            await next(r for r in reps if r.url == first).stop()
+            placed = set()
+            for i in range(3):
+                await pool.open_session(f"s{i}", {}, group=group)
+                placed.add((await pool.generate(chat(), session_id=f"s{i}")).replica)
+            assert placed == {second}  # the first session failed over to it; the others came straight to it
+        finally:
+            await pool.close()
+            for replica in reps:
+                await replica.stop()
 
     run(test)
 

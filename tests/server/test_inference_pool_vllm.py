@@ -93,7 +93,9 @@ def test_sessions_spread_over_two_vllm_replicas_survive_a_kill_9_and_the_replica
 ) -> None:
     a, b = vllm_pair
     data_dir = tmp_path / "polar-data"
-    topology = serve_config(tmp_path, "serve", gateway={"proxy": {"pool": {"health_interval_s": 0.5}}})
+    # group affinity off: the sessions of one task spread over both replicas, as the failover steps need
+    pool = {"health_interval_s": 0.5, "group_affinity": False}
+    topology = serve_config(tmp_path, "serve", gateway={"proxy": {"pool": pool}})
     serve = Serve(data_dir, "--port", "0", "--config", str(topology), "--backend", "vllm", "--backend-url", a.url,
                   "--backend-url", b.url, "--model", MODEL_NAME)  # fmt: skip
 
