@@ -13,7 +13,10 @@ cores: on 2 cores the server gets about one.
   to, calls back ``POST /callbacks/session_result`` with a small SessionResult. No harness, runtime or proxy runs;
 - the trainer submits through ``AsyncPolarClient``.
 
-For each size (``--sizes``), on a fresh server and database:
+For each size (``--sizes``), first the dispatch figure's ceiling, **submission alone**: the same burst submitted the
+same way to a server of its own with no gateway, so nothing is dispatched (milliseconds per session; dispatch adds
+the difference: on a 2-core machine the trainer's submissions and the server's intake of them already take most of
+what the dispatch figure spans). Then, on a fresh server and database:
 
 1. **burst**: ``size / --samples`` tasks submitted ``--concurrency`` at a time. The gateways hold every session (their
    run slots add up to the burst) until all of them have arrived, so that many are in flight at once. Measured:
@@ -497,6 +500,29 @@ async def idle_dispatch(args: argparse.Namespace, token: str) -> tuple[float, fl
     return percentile(spans, 0.5), percentile(spans, 0.99)
 
 
+async def submit_only(args: argparse.Namespace, size: int, token: str) -> float:
+    """The ceiling of the dispatch figure: milliseconds per session to submit the same burst, the same way, to a server
+    of its own with no gateway registered (its sessions stay pending: nothing is dispatched). The dispatch figure spans
+    the same submissions plus dispatch, so what dispatch adds is the difference."""
+    tasks = -(-size // args.samples)
+    with tempfile.TemporaryDirectory(prefix="polar-server-bench-", dir=args.data_dir) as data_dir:
+        server = ServerProcess(data_dir, token, args.heartbeat, free_port())
+        url = await asyncio.to_thread(server.wait_url)
+        try:
+            async with AsyncPolarClient(url, token, timeout=300) as client:
+                limit = asyncio.Semaphore(args.concurrency)
+
+                async def submit(i: int) -> None:
+                    async with limit:
+                        await client.submit(make_task(f"burst-{i}", args.samples))
+
+                first = time.perf_counter()
+                await asyncio.gather(*(submit(i) for i in range(tasks)))
+                return (time.perf_counter() - first) * 1000 / (tasks * args.samples)
+        finally:
+            await asyncio.to_thread(server.stop)
+
+
 async def one_size(args: argparse.Namespace, size: int, token: str) -> SizeRow:
     tasks = -(-size // args.samples)
     total = tasks * args.samples
@@ -625,23 +651,26 @@ def main() -> None:
     console = Console(width=240)
     idle = asyncio.run(idle_dispatch(args, token)) if args.idle else None
     rows = []
+    submit_ms: list[float] = []
     for size in sizes:
+        submit_ms.append(asyncio.run(submit_only(args, size, token)))
         rows.append(asyncio.run(one_size(args, size, token)))
         row = rows[-1]
-        console.print(f"{size:,} in flight: {row.per_session_ms:.3f} ms/session, p99 {row.p99_ms:,.0f} ms, "
-                      f"RSS {row.peak_rss_mib:,.0f} MiB, {row.sessions_per_call:,.1f} sessions per dispatch call"
-                      )  # fmt: skip
+        console.print(f"{size:,} in flight: {row.per_session_ms:.3f} ms/session (submission alone "
+                      f"{submit_ms[-1]:.3f}), p99 {row.p99_ms:,.0f} ms, RSS {row.peak_rss_mib:,.0f} MiB, "
+                      f"{row.sessions_per_call:,.1f} sessions per dispatch call")  # fmt: skip
 
     table = Table(title=f"rollout server at scale ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
                         f"{args.nodes} simulated gateways, {args.samples} sessions per task)")  # fmt: skip
-    columns = ("in flight", "dispatch / session", "sessions / call", "submit->dispatch p50 / p99",
-               "status in burst p50 / max",
+    columns = ("in flight", "dispatch / session", "submission alone / session", "sessions / call",
+               "submit->dispatch p50 / p99", "status in burst p50 / max",
                "status p50 / max", "task status p50 / max", "server RSS (peak)", "kill -9: serving / reconciled",
                "look-ups: burst / restart", "lost / run twice", "results/s", "tasks at the end")  # fmt: skip
     for column in columns:
         table.add_column(column)
-    for r in rows:
-        table.add_row(f"{r.in_flight:,}", f"{r.per_session_ms:.3f} ms", f"{r.sessions_per_call:,.1f}",
+    for r, alone in zip(rows, submit_ms, strict=True):
+        table.add_row(f"{r.in_flight:,}", f"{r.per_session_ms:.3f} ms", f"{alone:.3f} ms",
+                      f"{r.sessions_per_call:,.1f}",
                       f"{r.p50_ms:,.0f} / {r.p99_ms:,.0f} ms",
                       f"{_ms(r.status_busy_ms)} ms", f"{_ms(r.status_ms)} ms", f"{_ms(r.task_status_ms)} ms",
                       f"{r.rss_mib:,.0f} MiB ({r.peak_rss_mib:,.0f})", f"{r.serving_s:.1f} s / {r.reconciled_s:.1f} s",
