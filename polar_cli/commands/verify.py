@@ -25,7 +25,7 @@ from polar_cli.recompute import (
     load_traces,
     recompute,
 )
-from polar_cli.recompute.logprobs import CHUNK_SIZE
+from polar_cli.recompute.logprobs import CHUNK_SIZE, TOLERANCES
 from polar_cli.recompute.placement import parse_device
 
 PathArgument = Annotated[
@@ -45,6 +45,7 @@ Models = Annotated[
         show_default=False,
     ),
 ]
+DEFAULT_TOLERANCES = ", ".join(f"{dtype} {value:g}" for dtype, value in TOLERANCES.items())
 Journal = Annotated[
     Path | None,
     typer.Option(
@@ -138,7 +139,7 @@ def verify_command(
         "--tolerance",
         min=0.0,
         show_default=False,
-        help="Most mean |Δlogprob| a trace may have [default: the dtype's: 1e-3 for float32].",
+        help=f"Most mean |Δlogprob| a trace may have (default: the dtype's; {DEFAULT_TOLERANCES}).",
     ),
     dtype: str = typer.Option("float32", "--dtype", help="The dtype the model runs in (float32, bfloat16, ...)."),
     device: str = typer.Option(
