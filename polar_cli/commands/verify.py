@@ -25,6 +25,8 @@ from polar_cli.recompute import (
     load_traces,
     recompute,
 )
+from polar_cli.recompute.logprobs import CHUNK_SIZE, TOLERANCES
+from polar_cli.recompute.placement import parse_device
 
 PathArgument = Annotated[
     Path | None,
@@ -43,6 +45,7 @@ Models = Annotated[
         show_default=False,
     ),
 ]
+DEFAULT_TOLERANCES = ", ".join(f"{dtype} {value:g}" for dtype, value in TOLERANCES.items())
 Journal = Annotated[
     Path | None,
     typer.Option(
@@ -115,6 +118,12 @@ def _print_recompute(report: RecomputeReport) -> None:
             f"{report.max_abs_dlogprob:.3g}, mean {report.mean_abs_dlogprob:.3g}, KL {report.kl:.3g} "
             f"({KL_ESTIMATOR}); tolerance {report.tolerance:g} on each trace's mean")  # fmt: skip
     console.print(line, markup=False, highlight=False, soft_wrap=True)
+    c = report.compute
+    peak = "" if c.peak_gpu_memory_gib is None else f", peak {c.peak_gpu_memory_gib:.1f} GiB on a GPU"
+    chunks = f"{c.chunk_size}-token chunks" if c.chunk_size else "one pass a sequence"
+    line = (f"compute: {c.device}, {c.dtype}, {chunks}: {c.forward_tokens} token(s) in {c.seconds:.2f} s "
+            f"({c.tokens_per_second:.0f} tokens/s){peak}")  # fmt: skip
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def verify_command(
@@ -125,13 +134,27 @@ def verify_command(
     since: SinceOption = None,
     recompute_logprobs: bool = typer.Option(False, "--recompute", help="Recompute each sampled token's logprob."),
     model: Models = None,
-    tolerance: float = typer.Option(1e-3, "--tolerance", min=0.0, help="Most mean |Δlogprob| a trace may have."),
-    dtype: str = typer.Option("float32", "--dtype", help="The dtype the model runs in (float32, float64, ...)."),
+    tolerance: float | None = typer.Option(
+        None,
+        "--tolerance",
+        min=0.0,
+        show_default=False,
+        help=f"Most mean |Δlogprob| a trace may have (default: the dtype's; {DEFAULT_TOLERANCES}).",
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="The dtype the model runs in (float32, bfloat16, ...)."),
+    device: str = typer.Option(
+        "auto",
+        "--device",
+        help="auto (GPUs if torch sees one), cpu, cuda (GPUs: spread when one is too small), cuda:N.",
+    ),
+    chunk_size: int = typer.Option(
+        CHUNK_SIZE, "--chunk-size", min=0, help="Tokens per forward pass, the rest through the KV cache (0: one pass)."
+    ),
     journal: Journal = None,
     json_output: bool = JsonOption,
 ) -> None:
     """Check traces: each session against its journal of completions, and with --recompute each sampled token's
-    recorded logprob against the logprob the given weights give it (transformers, CPU).
+    recorded logprob against the logprob the given weights give it (transformers, on --device).
 
     Exits 0 when every check passes, 1 when one fails (the worst traces named first), 2 on bad input."""
     source = sources.source(path, server, token, task, since)
@@ -141,10 +164,10 @@ def verify_command(
     if models and not recompute_logprobs:
         raise ConfigError("--model is for --recompute: add --recompute")
     if recompute_logprobs:
-        from polar_cli.recompute.logprobs import DTYPES, check_model_dir
+        from polar_cli.recompute.logprobs import check_dtype, check_model_dir
 
-        if dtype not in DTYPES:
-            raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+        check_dtype(dtype)
+        parse_device(device)
         for folder in models.values():
             check_model_dir(folder)
         if os.environ.get("POLAR_DEBUG", "") in ("", "0"):
@@ -159,7 +182,7 @@ def verify_command(
     document: dict[str, Any]
     if recompute_logprobs:
         with notes.status(f"recomputing {len(traces)} trace(s)"):
-            report = recompute(traces, models, tolerance=tolerance, dtype=dtype)
+            report = recompute(traces, models, tolerance=tolerance, dtype=dtype, device=device, chunk_size=chunk_size)
         structural, ok = report.structural, report.ok
         document = report.model_dump(mode="json")
     else:

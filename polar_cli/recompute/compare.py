@@ -2,11 +2,12 @@
 logprob recorded at sampling (TRAINERS.md, "Fidelity").
 
 For each trace and each policy version its tokens were sampled under, ``prompt_ids + response_ids`` go through the
-causal LM once (CPU, ``dtype``, float32 ``log_softmax``, no temperature: vLLM records raw logprobs by default); the
-logprob of token ``t`` comes from the logits at ``t - 1``. Per token, Δ = recorded - recomputed. The KL estimate is
-the k3 estimator over the sampled tokens, ``mean(exp(r) - 1 - r)`` with ``r = recomputed - recorded``: an unbiased
-estimate of KL(behaviour ‖ recomputed) from samples of the behaviour policy. A trace fails when its mean |Δ| is above
-the tolerance, or when it cannot be compared token for token (e.g. ``response_logprobs`` not aligned with
+causal LM (on ``device``, in ``dtype``, ``chunk_size`` tokens a pass with the KV cache, float32 ``log_softmax``, no
+temperature: vLLM records raw logprobs by default); the logprob of token ``t`` comes from the logits at ``t - 1``.
+Per token, Δ = recorded - recomputed. The KL estimate is the k3 estimator over the sampled tokens,
+``mean(exp(r) - 1 - r)`` with ``r = recomputed - recorded``: an unbiased estimate of KL(behaviour ‖ recomputed) from
+samples of the behaviour policy. A trace fails when its mean |Δ| is above the tolerance (by default the dtype's,
+``logprobs.TOLERANCES``), or when it cannot be compared token for token (e.g. ``response_logprobs`` not aligned with
 ``response_ids``: the ids were rebuilt from text). A failed trace that says ``context_exact: false`` (built with
 ``merge: prompt_prefix``) has its reason say so: its tokens were scored in a context they were not sampled in.
 """
@@ -14,6 +15,7 @@ the tolerance, or when it cannot be compared token for token (e.g. ``response_lo
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from polar_cli.errors import ConfigError
 from polar_cli.models import Trace
 from polar_cli.proxy import reshaping
 from polar_cli.recompute.inputs import LoadedTrace
+from polar_cli.recompute.logprobs import CHUNK_SIZE
 from polar_cli.recompute.structure import StructuralReport, check_structure
 
 KL_ESTIMATOR = "k3: mean(exp(r) - 1 - r), r = recomputed - recorded logprob over the sampled tokens"
@@ -60,6 +63,19 @@ class TraceDelta(BaseModel):
     reason: str | None = None
 
 
+class Compute(BaseModel):
+    """Where and how fast the models ran: the tokens they went through (each trace's up to its last scored one, per
+    model), the seconds that took (loading excluded), and on GPUs the most memory torch held on one of them."""
+
+    device: str = Field(description="each model's placement: cpu, cuda:N, or device_map auto across N GPUs")
+    dtype: str
+    chunk_size: int = Field(description="tokens per forward pass (0: a whole sequence in one)")
+    forward_tokens: int = 0
+    seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    peak_gpu_memory_gib: float | None = Field(default=None, description="torch.cuda.max_memory_allocated, GiB")
+
+
 class RecomputeReport(BaseModel):
     """What ``recompute`` found: ``ok`` when every trace's mean |Δ| is within ``tolerance``, every trace could be
     compared and the structural check (where a journal is known) found nothing."""
@@ -85,6 +101,7 @@ class RecomputeReport(BaseModel):
     scripted: int = Field(default=0, description="traces skipped because the scripted backend sampled them")
     warnings: list[str] = Field(default_factory=list)
     models: dict[str, str] = Field(default_factory=dict, description="policy version ('*': any) -> model folder")
+    compute: Compute
 
 
 @dataclass
@@ -227,12 +244,19 @@ def _sampling_warnings(traces: Sequence[LoadedTrace]) -> list[str]:
     return out
 
 
-def _score(plans: Sequence[_Plan], dtype: str) -> None:
+def _score(plans: Sequence[_Plan], dtype: str, device: str, chunk_size: int) -> Compute:
     from polar_cli.recompute.logprobs import CausalLM
 
     paths = sorted({p for plan in plans for p in plan.by_model}, key=str)
+    compute, places, peak = Compute(device="", dtype=dtype, chunk_size=chunk_size), [], None
     for path in paths:
-        model = CausalLM(path, dtype)
+        model = CausalLM(path, dtype, device, chunk_size)
+        places.append(str(model.placement))
+        gpus = [f"cuda:{i}" for i in range(model.placement.gpus)] if model.placement.device_map else (
+            [model.placement.device] if model.placement.gpus else [])  # fmt: skip
+        for gpu in gpus:
+            model.torch.cuda.reset_peak_memory_stats(gpu)
+        began = time.perf_counter()
         for plan in plans:
             positions = plan.by_model.get(path)
             if not positions or plan.reason:
@@ -246,15 +270,26 @@ def _score(plans: Sequence[_Plan], dtype: str) -> None:
             base = len(trace.prompt_ids)
             scores = model.logprobs(ids, [base + i for i in positions])
             plan.recomputed.update(zip(positions, scores, strict=True))
+            compute.forward_tokens += base + max(positions)
+        for gpu in gpus:
+            model.torch.cuda.synchronize(gpu)
+            peak = max(peak or 0, model.torch.cuda.max_memory_allocated(gpu))
+        compute.seconds += time.perf_counter() - began
         del model
+    compute.device = ", ".join(dict.fromkeys(places)) or "-"
+    compute.tokens_per_second = compute.forward_tokens / compute.seconds if compute.seconds else 0.0
+    compute.peak_gpu_memory_gib = None if peak is None else peak / (1 << 30)
+    return compute
 
 
 def recompute(
     traces: Sequence[LoadedTrace],
     models: Mapping[int | None, Path],
     *,
-    tolerance: float = 1e-3,
+    tolerance: float | None = None,
     dtype: str = "float32",
+    device: str = "auto",
+    chunk_size: int = CHUNK_SIZE,
 ) -> RecomputeReport:
     """Recompute every sampled token's logprob of ``traces`` under ``models`` (policy version -> model folder;
     the key None serves every version without its own) and compare; see the module docstring. The structural check
@@ -263,17 +298,18 @@ def recompute(
     if not models:
         raise ConfigError("recompute needs a model: --model DIR, or --model VERSION=DIR per policy version")
     models = {v: Path(p) for v, p in models.items()}
-    from polar_cli.recompute.logprobs import DTYPES, check_model_dir
+    from polar_cli.recompute.logprobs import TOLERANCES, check_dtype, check_model_dir, placement
 
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    check_dtype(dtype)
+    tolerance = TOLERANCES[dtype] if tolerance is None else tolerance
     for path in models.values():
         check_model_dir(path)
+        placement(path, dtype, device)  # a device that is not there, before any trace is planned
     skipped: list[str] = []
     warnings = _sampling_warnings(traces)
     plans = [_plan(loaded, models, skipped, warnings) for loaded in traces]
     structural = check_structure(traces)
-    _score(plans, dtype)
+    compute = _score(plans, dtype, device, chunk_size)
 
     total, by_harness, by_role, by_version = _Sums(), {}, {}, {}  # type: ignore[var-annotated]
     results: list[TraceDelta] = []
@@ -320,5 +356,5 @@ def recompute(
         by_version.items()}, worst=[*failed, *passed][:WORST], failed=[r.ref for r in failed],
         failed_context_inexact=[r.ref for r in failed if not r.context_exact],
         structural=structural, skipped=skipped, warnings=warnings, scripted=sum(map(scripted, traces)),
-        models={"*" if v is None else str(v): str(p) for v, p in models.items()},
+        models={"*" if v is None else str(v): str(p) for v, p in models.items()}, compute=compute,
     )  # fmt: skip

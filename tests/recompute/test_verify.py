@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from polar_cli.generate.ledger import Ledger, ResultRow
 from polar_cli.models import Completion, PolicyVersions, SessionResult, TaskRequest, Trace, Trajectory
 from polar_cli.models.inference import VersionSpan
 from polar_cli.recompute import LoadedTrace, load_traces, recompute, token_versions
+from polar_cli.recompute.logprobs import TOLERANCES, CausalLM
 
 torch = pytest.importorskip("torch")
 
@@ -83,12 +86,52 @@ def two_versions(models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 
 def test_version_mapping_recomputes_each_span_with_its_model(two_versions: Path, models: dict[str, Path]) -> None:
     done = polar("verify", str(two_versions), "--recompute", "--model", f"1={models['a']}", "--model",
-                 f"2={models['b']}", "--json")  # fmt: skip
+                 f"2={models['b']}", "--json", "--device", "cpu", "--chunk-size", "5")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] and report["tokens"] == 16
     assert report["max_abs_dlogprob"] < 1e-5
     assert set(report["by_version"]) == {"1", "2"} and report["by_version"]["2"]["tokens"] == 8
+    # 6 prompt tokens: model a runs up to response token 7 (13 tokens), model b up to 15 (21), 5 tokens a pass
+    assert report["compute"] | {"seconds": 0, "tokens_per_second": 0} == {
+        "device": "cpu", "dtype": "float32", "chunk_size": 5, "forward_tokens": 34, "seconds": 0,
+        "tokens_per_second": 0, "peak_gpu_memory_gib": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [None, 16], ids=["full-attention", "sliding-window"])
+def test_chunked_prefill_gives_the_logprobs_of_one_pass(
+    window: int | None, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The KV cache carries each chunk's context into the next: the same logprobs as one pass, for chunk sizes that
+    cut the prompt, the scored run and a sliding window (the tiny agent's attention) anywhere, positions in any
+    order."""
+    folder = models["a"]
+    if window is not None:
+        folder = tmp_path / "sliding"
+        shutil.copytree(models["a"], folder)
+        config = json.loads((folder / "config.json").read_text())
+        config.update(use_sliding_window=True, sliding_window=window, max_window_layers=0,
+                      layer_types=["sliding_attention"] * config["num_hidden_layers"])  # fmt: skip
+        (folder / "config.json").write_text(json.dumps(config))
+    rng = random.Random(window)
+    ids = [rng.randrange(2000) for _ in range(200)]
+    positions = [*range(150, 200), *range(60, 90), 1, 37]
+    whole = CausalLM(folder, "float32", "cpu", chunk_size=0)
+    expected = whole.logprobs(ids, positions)
+    for chunk in (1, 7, 64, 200):
+        got = CausalLM(folder, "float32", "cpu", chunk_size=chunk).logprobs(ids, positions)
+        assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-5, chunk
+    assert whole.logprobs(ids, positions[:3]) == pytest.approx(expected[:3], abs=1e-5)
+    assert whole.logprobs(ids, []) == []
+
+
+def test_each_dtype_has_its_own_default_tolerance(models: dict[str, Path]) -> None:
+    ids, logprobs = sample([models["a"]], 24, seed=8)
+    loaded = LoadedTrace(ref="session s trace 0", session_id="s", trace=make_trace(ids, logprobs))
+    for dtype in ("float32", "bfloat16", "float16"):
+        report = recompute([loaded], {None: models["a"]}, dtype=dtype, device="cpu")
+        assert report.ok and report.tolerance == TOLERANCES[dtype] and report.compute.dtype == dtype
+    assert recompute([loaded], {None: models["a"]}, dtype="bfloat16", tolerance=1e-9).failed == [loaded.ref]
 
 
 def test_one_model_for_two_versions_fails_naming_the_trace(two_versions: Path, models: dict[str, Path]) -> None:
@@ -222,6 +265,14 @@ def test_processed_logprobs_at_a_temperature_are_warned_about(models: dict[str, 
         (["{results}", "--recompute", "--model", "{empty}"], "no config.json there"),
         (["{results}", "--recompute", "--model", "{noweights}"], "no weights there"),
         (["{results}", "--recompute", "--model", "{model}", "--dtype", "int8"], "--dtype 'int8'"),
+        (["{results}", "--recompute", "--model", "{model}", "--device", "tpu"], "--device 'tpu': one of auto, cpu"),
+        (["{results}", "--recompute", "--model", "{model}", "--device", "cpu:1"], "--device 'cpu:1': one of"),
+        pytest.param(
+            ["{results}", "--recompute", "--model", "{model}", "--device", "cuda:0"],
+            "--device cuda:0: torch sees no GPU",
+            id="cuda-without-a-gpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there"),
+        ),
         (["{empty}"], "none of a polar generate folder"),
         (["{results}"], "no journal of completions for any of its 1 session(s)"),
     ],

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from polar_cli.recompute import load_traces, recompute
+from polar_cli.recompute.logprobs import TOLERANCES
 from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url, write_demo_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
@@ -162,6 +163,13 @@ def test_the_python_api_in_process(sampled: dict[str, Path], vllm_model_dir: Pat
     traces = load_traces(sampled["generate"])
     assert traces and all(t.completions for t in traces) and all(t.harness == "shell" for t in traces)
     versions = {v for t in traces for v in (t.trace.policy_versions.per_completion if t.trace.policy_versions else [])}
-    report = recompute(traces, {v: vllm_model_dir for v in versions} if None not in versions else
-                       {None: vllm_model_dir})  # fmt: skip
+    models = {v: vllm_model_dir for v in versions} if None not in versions else {None: vllm_model_dir}
+    report = recompute(traces, models)
     assert report.ok and report.mean_abs_dlogprob < TOLERANCE, report.worst
+    chunked = recompute(traces, models, chunk_size=16, device="cpu")  # the prompts run 16 tokens a pass
+    assert chunked.ok and chunked.compute.chunk_size == 16 and chunked.tokens == report.tokens
+    assert abs(chunked.mean_abs_dlogprob - report.mean_abs_dlogprob) < 1e-6, chunked.worst
+    for dtype in ("bfloat16", "float16"):  # each within its own default tolerance of what vLLM recorded in float32
+        low = recompute(traces, models, dtype=dtype)
+        assert low.ok and low.tolerance == TOLERANCES[dtype] and low.compute.dtype == dtype, low.worst
+        print(f"{dtype}: mean |Δ| {low.mean_abs_dlogprob:.3g}, max {low.max_abs_dlogprob:.3g} ({low.tokens} tokens)")
