@@ -95,3 +95,20 @@ def test_the_node_protocol_imports_neither_side() -> None:
         if within(found.target, "polar_cli.server") or within(found.target, "polar_cli.gateway")
     ]
     assert crossing == [], "polar_cli.node_protocol is shared by both sides: it imports neither"
+
+
+def test_only_the_verl_loop_imports_verl_and_ray() -> None:
+    """veRL (and the Ray it runs on) is imported by ``polar_cli.trainers.verl_loop`` alone, which nothing in
+    ``polar_cli`` imports: a Polar install without veRL imports everything else."""
+    loop = REPO / "polar_cli" / "trainers" / "verl_loop.py"
+    found = package_imports(REPO / "polar_cli")
+    outside = [
+        f"{imp.where} imports {imp.target}"
+        for imp in found
+        if (within(imp.target, "verl") or within(imp.target, "ray"))
+        and not imp.where.startswith("polar_cli/trainers/verl_loop.py:")
+    ]
+    assert outside == [], "only polar_cli/trainers/verl_loop.py imports verl or ray"
+    importers = [f"{imp.where}" for imp in found if within(imp.target, "polar_cli.trainers.verl_loop")]
+    assert importers == [], "nothing in polar_cli imports polar_cli.trainers.verl_loop"
+    assert any(within(imp.target, "verl") for imp in imports(loop, "polar_cli.trainers"))

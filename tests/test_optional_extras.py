@@ -82,13 +82,17 @@ def test_the_extras_packages_really_cannot_be_imported(plain_env: dict[str, str]
         assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr, module
 
 
-def test_every_module_imports_but_the_parquet_writer_which_names_the_extra(plain_env: dict[str, str]) -> None:
+def test_every_module_imports_but_the_parquet_writer_and_the_verl_loop_which_say_what_to_install(
+    plain_env: dict[str, str],
+) -> None:
     packages = ["polar_cli", *(next(d.glob("polar_*")).name for d in PLUGIN_DIRS)]
     done = run(["-c", IMPORT_ALL, *packages], plain_env)
     assert done.returncode == 0, done.stderr
     failed = json.loads(done.stdout)
     assert failed == {
         "polar_cli.export.parquet": f"MissingDependencyError: polar export needs pyarrow: {HF_EXTRA}",
+        "polar_cli.trainers.verl_loop": "MissingDependencyError: polar_cli.trainers.verl_loop needs verl: "
+        "pip install verl==0.9.1",
     }
 
 

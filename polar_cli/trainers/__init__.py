@@ -5,6 +5,8 @@ imports its trainer when called); :mod:`polar_cli.trainers.tensorboard` names a 
 ``SummaryWriter``. The shared rules (which traces are samples, status, mask, flat logprobs) are in
 :mod:`polar_cli.trainers.rules`; advantages (GRPO, Dr. GRPO, RLOO, task normalization) in
 :mod:`polar_cli.trainers.advantages`; reward shaping, which the gateway applies, in :mod:`polar_cli.trainers.shaping`.
+veRL's agent loop over Polar rollouts is :mod:`polar_cli.trainers.verl_loop`, which imports veRL and Ray: import it
+where veRL runs (this package never does).
 """
 
 from polar_cli.trainers.advantages import (
