@@ -66,7 +66,7 @@ class ServeConfig(StrictModel):
         description="on a graceful stop, how long the gateway waits for sessions under way before cancelling them",
     )
     server: ServerConfig = Field(default_factory=ServerConfig)
-    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     metrics: MetricsBind = Field(default_factory=MetricsBind)
 

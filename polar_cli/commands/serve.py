@@ -32,10 +32,6 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
     if role is not None:
         data["role"] = role
     base = validate_model(ServeConfig, data, source=source)  # names the bad field and the file before flags apply
-    if base.role == "all":
-        gateway = data.setdefault("gateway", {})
-        if isinstance(gateway, dict):
-            gateway.setdefault("port", 0)  # the embedded gateway: any free port unless the file names one
     overrides: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is None:  # not given (and never str(None): a data dir named "None")

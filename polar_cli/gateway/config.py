@@ -60,8 +60,12 @@ class GatewayConfig(StrictModel):
     """One gateway node: where it listens, where it keeps data, its pools and its proxy's backend."""
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8790, ge=0, le=65535)
-    public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
+    port: int = Field(default=0, ge=0, le=65535, description="0: any free port (several gateways on one host)")
+    public_url: str | None = Field(
+        default=None,
+        description="the node's URL as the server and runtimes reach it (default: where it listens); without a port,"
+        " the port it bound",
+    )
     data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
     scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
     control_token: NodeToken = Field(

@@ -35,7 +35,7 @@ from polar_cli.node_protocol import ATTEMPT_KEY, PAUSE_TIMEOUT_S, BatchSessionAn
 from polar_cli.proxy import ProxyState, session_options
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
-from polar_cli.web.listen import Listener, listen
+from polar_cli.web.listen import Listener, listen, with_port
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class GatewayNode:
                     raise
                 log.error("%s (sessions fail until it answers)", exc)
         self._listener = await listen(create_app(self), self.config.host, self.config.port)
-        self.url = (self.config.public_url or self._listener.url).rstrip("/")
+        public = self.config.public_url
+        self.url = (with_port(public, self._listener.port) if public else self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
         await self.pipeline.start()
 
