@@ -168,7 +168,7 @@ async def serve(
             await agent.start(node)
             stack.push_async_callback(agent.close)
             info.gateway_url, info.node_token = node.url, config.gateway.control_token
-            await agent.registered.wait()
+            await agent.ready()  # the server's refusal, or its URL unreachable for agent.register_timeout_s, stops here
             info.node_id = agent.node_id
         if config.metrics.port is not None:
             sources = [part.exposition for part in (server, node) if part is not None]
@@ -183,7 +183,7 @@ async def serve(
         if on_ready is not None:
             on_ready(info)
         try:
-            await asyncio.Event().wait()
+            await (agent.run() if agent is not None else asyncio.Event().wait())  # raises if the server refuses it
         except asyncio.CancelledError:
             if agent is None or config.drain_timeout_s <= 0:
                 raise

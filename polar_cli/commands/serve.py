@@ -16,7 +16,7 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
-from polar_cli.gateway import backend_check
+from polar_cli.gateway import agent, backend_check
 from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
 
@@ -132,7 +132,8 @@ def serve_command(
     logging.basicConfig(
         level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger(backend_check.__name__).setLevel(logging.WARNING)  # a wait for a busy backend is always said
+    for said in (backend_check, agent):  # a wait for a busy backend, or for the server to answer, is always said
+        logging.getLogger(said.__name__).setLevel(logging.WARNING)
     proxy_overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,

@@ -8,6 +8,10 @@ been down, or this node killed) and listed as ``held_results`` when the node reg
 
 Each time the node registers (at start, and again when the server has forgotten it), it takes on the inference pool's
 state the server answers: its ``policy_version`` and whether sampling is paused (``GatewayNode.sync_inference``).
+
+At start, a server that cannot be reached is retried for ``config.register_timeout_s``; a refusal (a wrong server
+token, a node id a live gateway holds) stops the agent at once: ``ready()`` and ``run()`` raise it, one line naming
+the server's URL and the cause.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from polar_cli.errors import ConfigError, PolarError, SessionError
+from polar_cli.errors import AuthError, ConfigError, PolarError, ServiceUnavailableError, SessionError
 from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.ids import is_session_id
@@ -124,24 +128,47 @@ class GatewayAgent:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _run(self) -> None:
-        await self._register()
-        delivery = asyncio.create_task(self._deliver_loop())
+    async def ready(self) -> None:
+        """Until the node has registered; raises what stopped the agent first (the server refused this node, or could
+        not be reached within ``config.register_timeout_s``)."""
+        assert self._main is not None, "start() first"
+        registered = asyncio.create_task(self.registered.wait())
         try:
-            await self._heartbeat_loop()
+            await asyncio.wait({registered, self._main}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            delivery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await delivery
+            registered.cancel()
+        if self._main.done():
+            self._main.result()
+
+    async def run(self) -> None:
+        """Until cancelled (the agent goes on); raises what stopped the agent (the server refused this node)."""
+        assert self._main is not None, "start() first"
+        await asyncio.shield(self._main)
+
+    async def _run(self) -> None:
+        await self._register(within=self.config.register_timeout_s)
+        loops = [asyncio.create_task(self._deliver_loop()), asyncio.create_task(self._heartbeat_loop())]
+        try:
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a refusal when registering again
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
 
     # ---- register and heartbeat ---------------------------------------------------------------------------------
 
-    async def _register(self) -> None:
-        """Register (again), retrying with backoff until the server answers."""
+    async def _register(self, *, within: float | None = None) -> None:
+        """Register (again). A server that cannot be reached, or answers 5xx, is retried with backoff, each failure
+        logged: for up to ``within`` seconds (at start; then ServiceUnavailableError), else until it answers. A
+        refusal (4xx) raises at once (:func:`refusal`). Every error names the server's URL and the cause."""
         assert self._node is not None and self._client is not None
         node = self._node
         failures = 0
         self.registered.clear()
+        clock = asyncio.get_running_loop()
+        deadline = None if within is None else clock.time() + within
         while True:
             pipeline = node.pipeline.config
             capacity = NodeCapacity(
@@ -153,14 +180,22 @@ class GatewayAgent:
             body = RegisterBody(url=node.url, token=node.config.control_token, node_id=self.node_id, capacity=capacity,
                                 held_results=list(self._unacked))  # fmt: skip
             reply = await self._client.register(body)
-            if reply.status == 401:
-                log.error("the server refused to register this node: check the server token")
             if reply.answer is not None:
                 answer: RegisterAnswer = reply.answer
                 break
+            if reply.status is not None and 400 <= reply.status < 500:
+                raise refusal(self.server_url, reply.status, reply.error)
             failures += 1
-            log.warning("register with %s failed (%s); retrying", self.server_url, reply.error or reply.status)
-            await asyncio.sleep(self.config.retry.delay(failures))
+            cause = reply.error or f"it answered {reply.status}"
+            if deadline is not None and clock.time() >= deadline:
+                raise ServiceUnavailableError(f"cannot register with the rollout server at {self.server_url}: {cause} "
+                                              f"(retried for {within:g} s)")  # fmt: skip
+            left = " until it answers" if deadline is None else f" for up to {within:g} s"
+            level = logging.WARNING if failures == 1 else logging.INFO  # said once, not at every retry
+            log.log(level, "cannot register with the rollout server at %s: %s; retrying%s", self.server_url, cause,
+                    left)  # fmt: skip
+            pause = self.config.retry.delay(failures)
+            await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - clock.time())))
         self.node_id = answer.node_id
         self.heartbeat_interval = answer.heartbeat_interval_s
         self._save_node_id(answer.node_id)
@@ -279,3 +314,12 @@ class GatewayAgent:
             self._ack(session_id)
             return True
         return False
+
+
+def refusal(server_url: str, status: int, message: str) -> PolarError:
+    """The one-line error of a register the server refused: AuthError for a wrong server token (401/403), ConfigError
+    for anything else (409: a live gateway holds this node id)."""
+    text = f"the rollout server at {server_url} refused to register this gateway ({status}): {message}"
+    if status in (401, 403):
+        return AuthError(f"{text} (check --server-token or ${SERVER_TOKEN_ENV})")
+    return ConfigError(text)

@@ -98,3 +98,9 @@ class AgentConfig(StrictModel):
     server_token: str | None = Field(default=None, description="default: $POLAR_SERVER_TOKEN")
     node_id: SessionId | None = Field(default=None, description="default: kept in the data dir from the first register")
     retry: Backoff = Field(default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0))
+    register_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="at start, how long a server that cannot be reached (or answers 5xx) is retried before the "
+        "gateway exits naming its URL and the cause; a refusal (wrong token, node id in use) exits at once",
+    )

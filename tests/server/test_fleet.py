@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from polar_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE
 from polar_cli.registry import LOAD_ENV
-from tests.server.procs import Serve, client, serve_config, waiting_task
+from tests.server.procs import Serve, client, free_port, serve_config, waiting_task
 from tests.server.test_service import finished, one_result_per_sample
 
 
@@ -33,7 +34,9 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("fleet")
-    config = serve_config(root, "serve")
+    # a slow heartbeat: a gateway killed and started again is back before the server takes it for dead, so its
+    # register is judged by probing its old URL
+    config = serve_config(root, "serve", server={"heartbeat_interval_s": 5.0}, agent={"register_timeout_s": 2.0})
     with pytest.MonkeyPatch.context() as env:
         env.setenv(LOAD_ENV, "")  # as tests/conftest.py does for each test: no stray installed plugin
         proc = Serve(root / "server", "--role", "server", "--port", "0", "--config", str(config))
@@ -69,4 +72,63 @@ def test_two_gateways_on_one_host_take_free_ports_and_share_a_task(server: Serve
         asyncio.run(body())
     finally:
         for process in gateways:
+            process.stop()
+
+
+def exits_with_one_line(gateway: Serve) -> str:
+    """The gateway exits by itself; its last line on stderr is its error, and there is no traceback."""
+    assert gateway.proc.wait(60) != 0
+    gateway.stop()
+    lines = gateway.stderr().strip().splitlines()
+    assert "Traceback" not in gateway.stderr() and lines[-1].startswith("Error: "), gateway.stderr()
+    return lines[-1]
+
+
+def test_a_gateway_without_a_server_says_where_and_why_and_exits(server: Server, tmp_path: Path) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    unreachable = Serve(tmp_path / "gw-x", "--role", "gateway", "--config", str(server.config), "--server", nobody,
+                        "--server-token", server.info["token"])  # fmt: skip
+    line = exits_with_one_line(unreachable)
+    assert line.startswith(f"Error: cannot register with the rollout server at {nobody}: ") and "2 s" in line
+    assert unreachable.proc.returncode == EXIT_UNREACHABLE
+    assert f"cannot register with the rollout server at {nobody}" in unreachable.stderr().splitlines()[0]  # retried
+
+    wrong = server.gateway("gw-y", "--server-token", "not-the-token")
+    line = exits_with_one_line(wrong)
+    assert line.startswith(f"Error: the rollout server at {server.info['url']} refused to register this gateway (401)")
+    assert line.endswith("(check --server-token or $POLAR_SERVER_TOKEN)") and wrong.proc.returncode == EXIT_UNREACHABLE
+    assert "retrying" not in wrong.stderr()
+
+
+def test_one_node_id_is_refused_to_a_second_live_gateway_but_not_to_its_restart(server: Server) -> None:
+    first = server.gateway("gw-one", "--node-id", "node-twice")
+    started: list[Serve] = [first]
+
+    async def body() -> None:
+        one = await first.ready()
+        assert one["node_id"] == "node-twice"
+        second = server.gateway("gw-two", "--node-id", "node-twice")  # the same id on another "host"
+        started.append(second)
+        line = exits_with_one_line(second)
+        assert f"(409): node id 'node-twice' is held by a live gateway at {one['gateway_url']}" in line
+        assert second.proc.returncode == EXIT_USAGE
+        assert (await nodes(server.info))["node-twice"]["url"] == one["gateway_url"]  # the first one is untouched
+
+        first.kill9()  # then started again on its data dir, at once: a new port, the same node id (node.json)
+        again = Serve(first.data_dir, "--role", "gateway", "--config", str(server.config), "--server",
+                      server.info["url"], "--server-token", server.info["token"])  # fmt: skip
+        started.append(again)
+        restarted = await again.ready()
+        assert restarted["node_id"] == "node-twice" and restarted["gateway_url"] != one["gateway_url"]
+        known = (await nodes(server.info))["node-twice"]
+        assert known["url"] == restarted["gateway_url"] and known["healthy"]
+        async with client(server.info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("after-restart", 2))
+        results = one_result_per_sample(await finished(server.info, "after-restart"), 2)
+        assert {r.metadata["node_id"] for r in results} == {"node-twice"}  # the only gateway up: it takes work
+
+    try:
+        asyncio.run(body())
+    finally:
+        for process in started:
             process.stop()
