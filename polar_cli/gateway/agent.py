@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_cli.errors import AuthError, ConfigError, PolarError, ServiceUnavailableError, SessionError
+from polar_cli.gateway import placement
 from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.ids import is_session_id
@@ -65,6 +66,8 @@ class GatewayAgent:
         self.data_dir = Path(data_dir)
         saved = self._saved().get("node_id")
         self.node_id: str | None = config.node_id or (saved if is_session_id(saved) else None)
+        self.placement = placement.from_environment()
+        """Its host, and its Slurm job and step when a Slurm job started it (sent when it registers)."""
         self.heartbeat_interval = 5.0
         self.registered = asyncio.Event()
         self.draining = False
@@ -178,7 +181,7 @@ class GatewayAgent:
             )
             assert node.url is not None
             body = RegisterBody(url=node.url, token=node.config.control_token, node_id=self.node_id, capacity=capacity,
-                                held_results=list(self._unacked))  # fmt: skip
+                                held_results=list(self._unacked), placement=self.placement)  # fmt: skip
             reply = await self._client.register(body)
             if reply.answer is not None:
                 answer: RegisterAnswer = reply.answer

@@ -271,7 +271,8 @@ class RolloutServer:
             age = None if heard is None else round(max(0.0, now - heard), 3)
             load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
             nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
-                                    load=load, last_heartbeat=heard, heartbeat_age_s=age))  # fmt: skip
+                                    load=load, last_heartbeat=heard, heartbeat_age_s=age,
+                                    placement=node.placement))  # fmt: skip
         sessions = self.store.session_counts()
         return ServiceStatus(
             tasks=self.store.task_counts(),
@@ -378,7 +379,8 @@ class RolloutServer:
         node_id = body.node_id or f"node-{secrets.token_hex(4)}"
         url = body.url.rstrip("/")
         await self._refuse_live_duplicate(node_id, url)
-        await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots)
+        await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots,
+                                 body.placement)  # fmt: skip
         node = await self.threads.read(self.store.node, node_id)
         assert node is not None
         before = self._nodes.get(node_id)

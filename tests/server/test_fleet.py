@@ -5,6 +5,10 @@ the input a job script gets wrong (a server that cannot be reached, a wrong toke
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +19,7 @@ import pytest
 
 from polar_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE
 from polar_cli.registry import LOAD_ENV
-from tests.server.procs import Serve, client, free_port, serve_config, waiting_task
+from tests.server.procs import REPO, Serve, client, free_port, serve_config, waiting_task
 from tests.server.test_service import finished, one_result_per_sample
 
 
@@ -132,3 +136,19 @@ def test_one_node_id_is_refused_to_a_second_live_gateway_but_not_to_its_restart(
     finally:
         for process in started:
             process.stop()
+
+
+def test_a_gateway_started_by_slurm_says_its_job_step_and_host(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3", "SLURMD_NODENAME": "node017"}.items():
+        monkeypatch.setenv(name, value)  # what slurmstepd gives a task of `srun`
+    gateway = server.gateway("gw-slurm")
+    try:
+        node = asyncio.run(gateway.ready())
+        shown = subprocess.run([sys.executable, "-m", "polar_cli", "status", "--server", server.info["url"],
+                                "--token", server.info["token"], "--json"],
+                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                               timeout=60, check=True)  # fmt: skip
+    finally:
+        gateway.stop()
+    row = next(n for n in json.loads(shown.stdout)["nodes"] if n["node_id"] == node["node_id"])
+    assert row["placement"] == {"host": "node017", "scheduler": "slurm", "job_id": "4242", "step_id": "3"}
