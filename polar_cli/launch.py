@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from polar_cli import connect_file
 from polar_cli.errors import ConfigError
 from polar_cli.gateway.agent import GatewayAgent
 from polar_cli.gateway.config import AgentConfig, GatewayConfig
@@ -69,6 +70,11 @@ class ServeConfig(StrictModel):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     metrics: MetricsBind = Field(default_factory=MetricsBind)
+    connect_file: Path | None = Field(
+        default=None,
+        description="role server/all: write the server's URL and token here (mode 0600) once it listens; role "
+        "gateway: wait for it (up to agent.register_timeout_s) and register with what it says (polar_cli.connect_file)",
+    )
 
 
 @dataclass
@@ -160,8 +166,19 @@ async def serve(
             listener = await listen(create_app(server), config.server.host, config.server.port)
             stack.push_async_callback(listener.close)
             info.url, info.token = listener.url, server.token
+            if config.connect_file is not None:
+                url = connect_file.advertised_url(config.server.host, listener.port, config.server.public_url)
+                connect_file.write(config.connect_file, connect_file.ServerAddress(url=url, token=server.token))
             if config.role == "all":
                 agent_config = agent_config.model_copy(update={"server_url": info.url, "server_token": server.token})
+        if config.role == "gateway" and config.connect_file is not None:
+            found = await connect_file.wait_for(config.connect_file, agent_config.register_timeout_s)
+            agent_config = agent_config.model_copy(  # what the command line or config gave wins
+                update={
+                    "server_url": agent_config.server_url or found.url,
+                    "server_token": agent_config.server_token or found.token,
+                }
+            )
         if config.role in ("all", "gateway"):
             agent = GatewayAgent(agent_config, config.gateway.data_dir)
             node = await stack.enter_async_context(GatewayNode(config.gateway, on_result=[agent.on_result]))

@@ -38,12 +38,16 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
             continue
         if dotted == "token":
             overrides["gateway.control_token" if base.role == "gateway" else "server.token"] = value
-        elif dotted in ("host", "port", "data_dir"):
+        elif dotted in ("host", "port", "data_dir", "public_url"):
             targets = {"server": ["server"], "gateway": ["gateway"], "all": ["server", "gateway"]}[base.role]
             if dotted == "port" and base.role == "all":
                 targets = ["server"]  # the embedded gateway keeps its own (default: any free port)
+            if dotted == "public_url" and base.role == "all":
+                targets = ["gateway"]
             for target in targets:
                 overrides[f"{target}.{dotted}"] = str(value) if dotted == "data_dir" else value
+        elif dotted == "connect_file":
+            overrides[dotted] = str(value)
         else:
             overrides[dotted] = value
     return validate_model(ServeConfig, set_dotted(data, overrides, source=source), source=source)
@@ -97,7 +101,20 @@ def serve_command(
     server_token: str | None = typer.Option(
         None, "--server-token", envvar="POLAR_SERVER_TOKEN", help="--role gateway: the server token (to register)."
     ),
-    public_url: str | None = typer.Option(None, "--public-url", help="The gateway's URL as the server reaches it."),
+    public_url: str | None = typer.Option(
+        None,
+        "--public-url",
+        help="Role gateway: its URL as the server reaches it; role server: its URL as other hosts reach it (in the "
+        "connect file). Without a port, the bound one.",
+    ),
+    connect_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--connect-file",
+            help="Role server: write its URL and token to this file (mode 0600) once it listens; role gateway: wait "
+            "for it and register with what it says. In a folder both hosts see: no token on a command line.",
+        ),
+    ] = None,
     node_id: str | None = typer.Option(None, "--node-id", help="The gateway's node id (default: kept in data dir)."),
     backend: backend_options.Backend = None,
     backend_url: backend_options.BackendUrl = None,
@@ -147,7 +164,8 @@ def serve_command(
         "agent.server_url": server,
         "agent.server_token": server_token,
         "agent.node_id": node_id,
-        "gateway.public_url": public_url,
+        "public_url": public_url,
+        "connect_file": connect_file,
         **{f"gateway.proxy.{key}": value for key, value in proxy_overrides.items()},
         "gateway.pipeline.run_slots": run_slots,
         "server.heartbeat_interval_s": heartbeat,

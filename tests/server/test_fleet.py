@@ -152,3 +152,37 @@ def test_a_gateway_started_by_slurm_says_its_job_step_and_host(server: Server, m
         gateway.stop()
     row = next(n for n in json.loads(shown.stdout)["nodes"] if n["node_id"] == node["node_id"])
     assert row["placement"] == {"host": "node017", "scheduler": "slurm", "job_id": "4242", "step_id": "3"}
+
+
+def test_gateways_find_the_server_through_its_connect_file(tmp_path: Path) -> None:
+    """The gateway starts first and waits for the file; neither command line holds the token; the file is 0600."""
+    config = serve_config(tmp_path, "serve", agent={"register_timeout_s": 60.0})
+    shared = tmp_path / "shared" / "polar-server.json"
+    gateway = Serve(tmp_path / "gw", "--role", "gateway", "--config", str(config), "--connect-file", str(shared))
+    server = Serve(tmp_path / "server", "--role", "server", "--port", "0", "--config", str(config),
+                   "--host", "0.0.0.0", "--public-url", "http://127.0.0.1", "--connect-file", str(shared))  # fmt: skip
+
+    async def body() -> None:
+        info = await server.ready()
+        node = await gateway.ready()
+        address = json.loads(shared.read_text())
+        port = info["url"].rsplit(":", 1)[1]
+        assert address == {"url": f"http://127.0.0.1:{port}", "token": info["token"]}
+        assert shared.stat().st_mode & 0o777 == 0o600
+        for process in (server, gateway):
+            assert info["token"] not in Path(f"/proc/{process.proc.pid}/cmdline").read_text()
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("through-the-file", 2))
+        results = one_result_per_sample(await finished(info, "through-the-file"), 2)
+        assert {r.metadata["node_id"] for r in results} == {node["node_id"]}
+
+    try:
+        asyncio.run(body())
+    finally:
+        for process in (gateway, server):
+            process.stop()
+    quick = serve_config(tmp_path, "quick", agent={"register_timeout_s": 1.0})
+    nowhere = tmp_path / "nowhere.json"
+    lost = Serve(tmp_path / "gw-lost", "--role", "gateway", "--config", str(quick), "--connect-file", str(nowhere))
+    line = exits_with_one_line(lost)
+    assert line.startswith(f"Error: no rollout server wrote the connect file {nowhere} within 1 s")
