@@ -33,7 +33,7 @@ from pydantic import Field
 
 from polar_cli import connect_file
 from polar_cli.errors import ConfigError
-from polar_cli.gateway.agent import GatewayAgent
+from polar_cli.gateway.agent import Drained, GatewayAgent
 from polar_cli.gateway.config import AgentConfig, GatewayConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import StrictModel
@@ -146,9 +146,10 @@ async def serve(
     on_ready: Callable[[ServeInfo], None] | None = None,
     *,
     on_drain: Callable[[int, float], None] | None = None,
+    on_drained: Callable[[Drained], None] | None = None,
 ) -> None:
     """Run the configured roles until cancelled; everything started is stopped in reverse order. ``on_drain(sessions
-    under way, drain_timeout_s)`` is called when a stop starts draining."""
+    under way, drain_timeout_s)`` is called when a stop starts draining, ``on_drained`` with what the drain did."""
     info = ServeInfo(role=config.role, pid=os.getpid())
     agent_config = config.agent
     server: RolloutServer | None = None
@@ -211,5 +212,7 @@ async def serve(
                 server.stop_dispatching()
             if on_drain is not None and node is not None:
                 on_drain(len(node.pipeline.active()), config.drain_timeout_s)
-            await agent.drain(config.drain_timeout_s)
+            drained = await agent.drain(config.drain_timeout_s)
+            if on_drained is not None:
+                on_drained(drained)
             raise

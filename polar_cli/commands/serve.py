@@ -17,6 +17,7 @@ from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway import agent, backend_check
+from polar_cli.gateway.agent import Drained
 from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
 
@@ -180,13 +181,23 @@ def serve_command(
         typer.echo(f"Note: {note}", err=True)
 
     with contextlib.suppress(Interrupted):  # the first signal drains (--drain-timeout), a second stops at once
-        run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining))
+        run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining, on_drained=_drained))
     typer.echo(stopped_note(config, where), err=True)
 
 
 def _draining(sessions: int, timeout: float) -> None:
     typer.echo(f"Draining: no new sessions; waiting up to {timeout:g} s for the {sessions} under way "
                "(signal again to stop now).", err=True)  # fmt: skip
+
+
+def _drained(drained: Drained) -> None:
+    """What the drain did, for the job's log: which sessions finished here and which went back to the server."""
+    typer.echo(f"Drained: {len(drained.finished)} sessions finished here; {len(drained.handed_back)} handed back to "
+               "the server (cancelled here, to run again elsewhere)"
+               + (": " + " ".join(drained.handed_back) if drained.handed_back else "."), err=True)  # fmt: skip
+    if drained.unreported:
+        typer.echo(f"  {len(drained.unreported)} results not acknowledged by the server yet (kept, reported at the "
+                   "next start): " + " ".join(drained.unreported), err=True)  # fmt: skip
 
 
 def stopped_note(config: ServeConfig, where: Path) -> str:

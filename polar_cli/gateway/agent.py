@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,22 @@ from polar_cli.node_protocol import (
 log = logging.getLogger(__name__)
 SERVER_TOKEN_ENV = "POLAR_SERVER_TOKEN"
 BATCH = 16
+
+
+HAND_BACK_S = 10.0
+"""After a drain's wait, how long the gateway waits for the server to acknowledge the sessions it handed back."""
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What a drain did with the sessions under way when it began."""
+
+    finished: list[str]
+    """Finished here within the drain time (results reported unless listed in ``unreported``)."""
+    handed_back: list[str]
+    """Still under way when the time ran out: cancelled here, reported ``cancelled``; the server runs them again."""
+    unreported: list[str]
+    """Results the server had not acknowledged at the end: kept in the data dir, reported at the next start."""
 
 
 class _Unauthorized(Exception):
@@ -245,30 +262,43 @@ class GatewayAgent:
         for session_id in reply.answer.cancel:
             self._spawn(self._cancel(session_id))
 
-    async def drain(self, timeout: float) -> bool:
+    async def drain(self, timeout: float) -> Drained:
         """Stop taking sessions (the node answers 503, the server hears it at once), then wait up to ``timeout``
-        seconds for the sessions under way to finish and their results to be acknowledged. True if they all were."""
+        seconds for the sessions under way to finish and their results to be acknowledged. Those still under way are
+        then handed back: cancelled here, and their ``cancelled`` results reported (the server runs them again
+        elsewhere), waiting up to ``HAND_BACK_S`` for the server to acknowledge them."""
         assert self._node is not None
         self._node.draining = self.draining = True
         if self.registered.is_set():
             await self._heartbeat()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._node.pipeline.active() or self._unacked:
-            if asyncio.get_running_loop().time() >= deadline:
-                return False
+        clock = asyncio.get_running_loop()
+        under_way = {job.session_id for job in self._node.pipeline.active()}
+        await self._settle(clock.time() + timeout)
+        left = sorted(job.session_id for job in self._node.pipeline.active())
+        if left:
+            await asyncio.gather(
+                *(self._cancel(sid, "the gateway is stopping (its drain time ran out)") for sid in left)
+            )
+            await self._settle(clock.time() + HAND_BACK_S)
+        return Drained(finished=sorted(under_way - set(left)), handed_back=left, unreported=sorted(self._unacked))
+
+    async def _settle(self, deadline: float) -> None:
+        """Until nothing is under way and every result is acknowledged, or ``deadline`` (the loop's clock)."""
+        assert self._node is not None
+        clock = asyncio.get_running_loop()
+        while (self._node.pipeline.active() or self._unacked) and clock.time() < deadline:
             self._wake.set()
             await asyncio.sleep(0.1)
-        return True
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _cancel(self, session_id: str) -> None:
+    async def _cancel(self, session_id: str, reason: str = "cancelled by the rollout server") -> None:
         assert self._node is not None
         with contextlib.suppress(SessionError):
-            await self._node.pipeline.cancel(session_id, "cancelled by the rollout server")
+            await self._node.pipeline.cancel(session_id, reason)
 
     # ---- result callbacks ---------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,16 @@ import pytest
 
 from polar_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE
 from polar_cli.registry import LOAD_ENV
-from tests.server.procs import REPO, Serve, client, free_port, serve_config, waiting_task
+from tests.server.procs import (
+    REPO,
+    Serve,
+    client,
+    free_port,
+    gateway_metrics,
+    serve_config,
+    until_true,
+    waiting_task,
+)
 from tests.server.test_service import finished, one_result_per_sample
 
 
@@ -186,3 +196,38 @@ def test_gateways_find_the_server_through_its_connect_file(tmp_path: Path) -> No
     lost = Serve(tmp_path / "gw-lost", "--role", "gateway", "--config", str(quick), "--connect-file", str(nowhere))
     line = exits_with_one_line(lost)
     assert line.startswith(f"Error: no rollout server wrote the connect file {nowhere} within 1 s")
+
+
+def test_a_drain_that_runs_out_of_time_hands_its_sessions_back_and_says_so(server: Server, tmp_path: Path) -> None:
+    marker = tmp_path / "go"
+    stopping = server.gateway("gw-stopping", "--drain-timeout", "1")
+    staying = server.gateway("gw-staying")
+
+    async def body() -> None:
+        a, b = await stopping.ready(), await staying.ready()
+        async with client(server.info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("handed-back", 6, marker))
+
+        async def both_running() -> bool:
+            loads = [await gateway_metrics(n["gateway_url"], n["node_token"]) for n in (a, b)]
+            return all(m["stages"]["running"]["in_flight"] == 3 for m in loads)
+
+        await until_true(both_running, "three sessions running on each gateway")
+        stopping.proc.send_signal(signal.SIGTERM)  # what scancel and a job's --signal send
+        assert await asyncio.to_thread(stopping.proc.wait, 60) == 0  # a stop asked for is a clean exit
+        said = stopping.stderr()
+        handed = said.split("handed back to the server (cancelled here, to run again elsewhere): ")[1].split()[:3]
+        assert "Drained: 0 sessions finished here; 3 handed back" in said, said
+        marker.touch()
+        results = one_result_per_sample(await finished(server.info, "handed-back"), 6)
+        assert {r.metadata["node_id"] for r in results} == {b["node_id"]}
+        again = {r.session_id: r.metadata["polar_attempt"] for r in results}
+        assert sorted(again[sid] for sid in handed) == [2, 2, 2]
+        assert sorted(again.values()) == [1, 1, 1, 2, 2, 2]
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        for process in (stopping, staying):
+            process.stop()
