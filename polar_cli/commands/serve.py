@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shlex
 from pathlib import Path
@@ -54,8 +55,11 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
     return validate_model(ServeConfig, set_dotted(data, overrides, source=source), source=source)
 
 
-def _announce(info: ServeInfo, data_dir: Path) -> None:
-    if info.url:
+def _announce(info: ServeInfo, data_dir: Path, connect: Path | None = None) -> None:
+    if info.url and connect is not None:  # a job's log may be readable by others: the token stays in the file
+        typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
+        typer.echo(f"  its URL for other hosts and its token are in {connect} (mode 0600)")
+    elif info.url:
         typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
         typer.echo(f"  server token: {info.token}")
         exports = f"{SERVER_ENV}={shlex.quote(info.url)} {TOKEN_ENV}={shlex.quote(info.token or '')}"
@@ -69,7 +73,7 @@ def _announce(info: ServeInfo, data_dir: Path) -> None:
     fields = {
         "role": info.role,
         "url": info.url,
-        "token": info.token,
+        "token": info.token if connect is None else None,
         "gateway_url": info.gateway_url,
         "node_id": info.node_id,
         "metrics_url": info.metrics_url,
@@ -181,7 +185,10 @@ def serve_command(
         typer.echo(f"Note: {note}", err=True)
 
     with contextlib.suppress(Interrupted):  # the first signal drains (--drain-timeout), a second stops at once
-        run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining, on_drained=_drained))
+        announce = functools.partial(
+            _announce, data_dir=where, connect=config.connect_file if config.role != "gateway" else None
+        )
+        run_until_stopped(serve(config, announce, on_drain=_draining, on_drained=_drained))
     typer.echo(stopped_note(config, where), err=True)
 
 

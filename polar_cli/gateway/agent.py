@@ -58,7 +58,8 @@ class Drained:
     finished: list[str]
     """Finished here within the drain time (results reported unless listed in ``unreported``)."""
     handed_back: list[str]
-    """Still under way when the time ran out: cancelled here, reported ``cancelled``; the server runs them again."""
+    """Cancelled here, reported ``cancelled`` (the server runs them again): still under way when the time ran out, or
+    their run was cut off by the stop itself (``StagedPipeline.stopping``)."""
     unreported: list[str]
     """Results the server had not acknowledged at the end: kept in the data dir, reported at the next start."""
 
@@ -280,7 +281,16 @@ class GatewayAgent:
                 *(self._cancel(sid, "the gateway is stopping (its drain time ran out)") for sid in left)
             )
             await self._settle(clock.time() + HAND_BACK_S)
-        return Drained(finished=sorted(under_way - set(left)), handed_back=left, unreported=sorted(self._unacked))
+        back = sorted(sid for sid in under_way if self._status(sid) == "cancelled")
+        return Drained(finished=sorted(under_way - set(back)), handed_back=back, unreported=sorted(self._unacked))
+
+    def _status(self, session_id: str) -> str | None:
+        assert self._node is not None
+        try:
+            result = self._node.pipeline.get(session_id).result
+        except SessionError:
+            return None
+        return None if result is None else result.status
 
     async def _settle(self, deadline: float) -> None:
         """Until nothing is under way and every result is acknowledged, or ``deadline`` (the loop's clock)."""

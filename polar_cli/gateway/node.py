@@ -60,10 +60,18 @@ class GatewayNode:
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
                                        metrics=self.metrics)  # fmt: skip
         self.url: str | None = None
-        self.draining = False
-        """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
         self._listener: Listener | None = None
         self._stale: set[asyncio.Task[SessionResult | None]] = set()  # cancellations of stale sessions under way
+
+    @property
+    def draining(self) -> bool:
+        """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish (a run
+        that fails meanwhile is handed back: ``StagedPipeline.stopping``)."""
+        return self.pipeline.stopping
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.pipeline.stopping = value
 
     @property
     def exposition(self) -> Exposition:

@@ -179,8 +179,9 @@ def test_gateways_find_the_server_through_its_connect_file(tmp_path: Path) -> No
         port = info["url"].rsplit(":", 1)[1]
         assert address == {"url": f"http://127.0.0.1:{port}", "token": info["token"]}
         assert shared.stat().st_mode & 0o777 == 0o600
-        for process in (server, gateway):
+        for process in (server, gateway):  # nor in what it prints (a job's log may be readable by others)
             assert info["token"] not in Path(f"/proc/{process.proc.pid}/cmdline").read_text()
+            assert info["token"] not in process.stdout() + process.stderr()
         async with client(info) as http:
             await http.post("/rollout/task/submit", json=waiting_task("through-the-file", 2))
         results = one_result_per_sample(await finished(info, "through-the-file"), 2)
