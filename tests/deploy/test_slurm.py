@@ -83,10 +83,11 @@ class Slurm:
     def run(self, *argv: str) -> str:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=True, timeout=60).stdout
 
-    def sbatch(self, script: Path, name: str, **settings: str) -> str:
-        """Submit ``script`` as it is; only its environment (paths, test settings) and its log's path are ours."""
+    def sbatch(self, script: Path, name: str, *options: str, **settings: str) -> str:
+        """Submit ``script`` as it is; only its environment (paths, test settings), its log's path and ``options``
+        are ours."""
         env = {**self.env, **settings}
-        argv = ["sbatch", "--parsable", f"--output={self.root / name}-%j.out", str(script)]
+        argv = ["sbatch", "--parsable", f"--output={self.root / name}-%j.out", *options, str(script)]
         out = subprocess.run(argv, env=env, cwd=self.root, capture_output=True, text=True, check=True, timeout=60)
         return out.stdout.strip().split(";")[0]
 
@@ -150,12 +151,12 @@ def _sbin_path() -> str:
     return os.pathsep.join([path, "/usr/sbin", "/sbin"])
 
 
-def settings(slurm: Slurm) -> dict[str, str]:
-    """The jobs' environment: where things go (paths), fast heartbeats, a short drain."""
+def settings(slurm: Slurm, name: str) -> dict[str, str]:
+    """The jobs' environment: where things go (paths, under ``name``), fast heartbeats, a short drain."""
     config = serve_config(slurm.root, "serve", server={"heartbeat_interval_s": 1.0})
     return {
-        "POLAR_SHARED": str(slurm.root / "shared"),
-        "POLAR_GATEWAY_DATA": str(slurm.root / "gateways"),
+        "POLAR_SHARED": str(slurm.root / name / "shared"),
+        "POLAR_GATEWAY_DATA": str(slurm.root / name / "gateways"),
         "POLAR_PORT": "0",
         "POLAR_SERVER_ARGS": f"--config {config}",
         "POLAR_GATEWAY_ARGS": f"--config {config}",
@@ -171,27 +172,13 @@ async def status(info: dict[str, Any]) -> dict[str, Any]:
 def test_the_documented_jobs_run_a_task_and_a_scancelled_gateway_hands_its_sessions_back(
     slurm: Slurm, tmp_path: Path
 ) -> None:
-    env = settings(slurm)
-    connect = Path(env["POLAR_SHARED"]) / "polar-server.json"
+    env = settings(slurm, "scancel")
     server_job = slurm.sbatch(DEPLOY / "polar-server.sbatch", "server", **env)
     gateway_jobs = [slurm.sbatch(DEPLOY / "polar-gateways.sbatch", "gateways", **env) for _ in range(2)]
     marker = tmp_path / "go"
 
     async def body() -> None:
-        await until_true(lambda: asyncio.sleep(0, connect.exists()), "the server's connect file", within=120)
-        address = json.loads(connect.read_text())
-        assert connect.stat().st_mode & 0o777 == 0o600
-        info = {"url": address["url"], "token": address["token"]}
-        for job in [server_job, *gateway_jobs]:  # the token is in no job's command line or environment
-            shown = slurm.run("scontrol", "show", "job", job)
-            assert address["token"] not in shown
-
-        async def both_registered() -> list[dict[str, Any]]:
-            nodes = (await status(info))["nodes"]
-            jobs = sorted((n.get("placement") or {}).get("job_id") for n in nodes)
-            return nodes if jobs == sorted(gateway_jobs) else []
-
-        nodes = await until_true(both_registered, "a gateway of each job registered", within=120)
+        info, nodes = await registered(slurm, env, server_job, gateway_jobs)
         assert {n["placement"]["scheduler"] for n in nodes} == {"slurm"}
         assert {n["placement"]["step_id"] for n in nodes} == {"0"}  # srun's step
         by_job = {n["placement"]["job_id"]: n for n in nodes}
@@ -203,7 +190,7 @@ def test_the_documented_jobs_run_a_task_and_a_scancelled_gateway_hands_its_sessi
 
         async with client(info) as http:
             await http.post("/rollout/task/submit", json=waiting_task("cancelled-job", 6, marker))
-        tokens = {job: _node_token(slurm, job) for job in gateway_jobs}
+        tokens = {job: _node_token(env, job) for job in gateway_jobs}
 
         async def both_running() -> bool:
             loads = [await gateway_metrics(by_job[job]["url"], tokens[job]) for job in gateway_jobs]
@@ -227,15 +214,78 @@ def test_the_documented_jobs_run_a_task_and_a_scancelled_gateway_hands_its_sessi
         asyncio.run(body())
     finally:
         marker.touch()
-        for job in [*gateway_jobs, server_job]:
-            subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
-        end = time.monotonic() + KILL_WAIT_S + 30
-        while slurm.jobs() and time.monotonic() < end:
-            time.sleep(0.5)
+        end_jobs(slurm, [*gateway_jobs, server_job])
 
 
-def _node_token(slurm: Slurm, job: str) -> str:
+def _node_token(env: dict[str, str], job: str) -> str:
     """The node token of the job's gateway, from its serve.json (mode 0600, in its data dir)."""
-    found = list((slurm.root / "gateways" / job).glob("*/serve.json"))
+    found = list((Path(env["POLAR_GATEWAY_DATA"]) / job).glob("*/serve.json"))
     assert len(found) == 1, found
     return str(json.loads(found[0].read_text())["node_token"])
+
+
+async def registered(
+    slurm: Slurm, env: dict[str, str], server_job: str, gateway_jobs: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The server's address from its connect file, once a gateway of each job has registered (and its nodes)."""
+    connect = Path(env["POLAR_SHARED"]) / "polar-server.json"
+    await until_true(lambda: asyncio.sleep(0, connect.exists()), "the server's connect file", within=120)
+    address = json.loads(connect.read_text())
+    assert connect.stat().st_mode & 0o777 == 0o600
+    info = {"url": address["url"], "token": address["token"]}
+    for job in [server_job, *gateway_jobs]:  # the token is in no job's command line, nor in the server's log
+        assert address["token"] not in slurm.run("scontrol", "show", "job", job)
+    assert address["token"] not in slurm.log("server", server_job)
+
+    async def all_registered() -> list[dict[str, Any]]:
+        nodes = (await status(info))["nodes"]
+        jobs = sorted((n.get("placement") or {}).get("job_id") for n in nodes)
+        return nodes if jobs == sorted(gateway_jobs) else []
+
+    return info, await until_true(all_registered, "a gateway of each job registered", within=120)
+
+
+def test_a_gateway_job_at_its_time_limit_drains_and_hands_its_sessions_back(slurm: Slurm, tmp_path: Path) -> None:
+    """The script's own --signal=B:TERM@N, with the time limit and lead made short (sbatch options win over the
+    script's #SBATCH lines): the warning reaches the batch script, which passes SIGTERM on to its gateway."""
+    env = settings(slurm, "time-limit")
+    server_job = slurm.sbatch(DEPLOY / "polar-server.sbatch", "server", **env)
+    staying = slurm.sbatch(DEPLOY / "polar-gateways.sbatch", "gateways", **env)
+    limited = slurm.sbatch(DEPLOY / "polar-gateways.sbatch", "gateways", "--time=3", "--signal=B:TERM@150", **env)
+    marker = tmp_path / "go"
+
+    async def body() -> None:
+        info, nodes = await registered(slurm, env, server_job, [staying, limited])
+        by_job = {n["placement"]["job_id"]: n for n in nodes}
+        async with client(info) as http:
+            await http.post("/rollout/task/submit", json=waiting_task("time-limit", 6, marker))
+        token = _node_token(env, limited)
+        await until_true(lambda: running(by_job[limited]["url"], token, 3), "three sessions in the limited job")
+        await until_true(lambda: asyncio.sleep(0, limited not in slurm.jobs()), "the warned job to end", 150)
+        said = slurm.log("gateways", limited)
+        assert "polar-gateways: SIGTERM: the gateways drain" in said, said
+        assert "3 handed back to the server" in said, said
+        handed = said.split("to run again elsewhere): ")[1].split()[:3]
+        marker.touch()
+        results = one_result_per_sample(await finished(info, "time-limit"), 6)  # each session ended exactly once
+        assert {r.metadata["node_id"] for r in results} == {by_job[staying]["node_id"]}
+        attempts = {r.session_id: r.metadata["polar_attempt"] for r in results}
+        assert sorted(attempts[sid] for sid in handed) == [2, 2, 2]
+
+    try:
+        asyncio.run(body())
+    finally:
+        marker.touch()
+        end_jobs(slurm, [staying, limited, server_job])
+
+
+async def running(url: str, token: str, count: int) -> bool:
+    return bool((await gateway_metrics(url, token))["stages"]["running"]["in_flight"] == count)
+
+
+def end_jobs(slurm: Slurm, jobs: list[str]) -> None:
+    for job in jobs:
+        subprocess.run(["scancel", job], env=slurm.env, capture_output=True)
+    end = time.monotonic() + KILL_WAIT_S + 30
+    while slurm.jobs() and time.monotonic() < end:
+        time.sleep(0.5)
