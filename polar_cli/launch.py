@@ -31,8 +31,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from polar_cli import connect_file
 from polar_cli.errors import ConfigError
-from polar_cli.gateway.agent import GatewayAgent
+from polar_cli.gateway.agent import Drained, GatewayAgent
 from polar_cli.gateway.config import AgentConfig, GatewayConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import StrictModel
@@ -66,9 +67,14 @@ class ServeConfig(StrictModel):
         description="on a graceful stop, how long the gateway waits for sessions under way before cancelling them",
     )
     server: ServerConfig = Field(default_factory=ServerConfig)
-    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     metrics: MetricsBind = Field(default_factory=MetricsBind)
+    connect_file: Path | None = Field(
+        default=None,
+        description="role server/all: write the server's URL and token here (mode 0600) once it listens; role "
+        "gateway: wait for it (up to agent.register_timeout_s) and register with what it says (polar_cli.connect_file)",
+    )
 
 
 @dataclass
@@ -140,9 +146,10 @@ async def serve(
     on_ready: Callable[[ServeInfo], None] | None = None,
     *,
     on_drain: Callable[[int, float], None] | None = None,
+    on_drained: Callable[[Drained], None] | None = None,
 ) -> None:
     """Run the configured roles until cancelled; everything started is stopped in reverse order. ``on_drain(sessions
-    under way, drain_timeout_s)`` is called when a stop starts draining."""
+    under way, drain_timeout_s)`` is called when a stop starts draining, ``on_drained`` with what the drain did."""
     info = ServeInfo(role=config.role, pid=os.getpid())
     agent_config = config.agent
     server: RolloutServer | None = None
@@ -160,15 +167,26 @@ async def serve(
             listener = await listen(create_app(server), config.server.host, config.server.port)
             stack.push_async_callback(listener.close)
             info.url, info.token = listener.url, server.token
+            if config.connect_file is not None:
+                url = connect_file.advertised_url(config.server.host, listener.port, config.server.public_url)
+                connect_file.write(config.connect_file, connect_file.ServerAddress(url=url, token=server.token))
             if config.role == "all":
                 agent_config = agent_config.model_copy(update={"server_url": info.url, "server_token": server.token})
+        if config.role == "gateway" and config.connect_file is not None:
+            found = await connect_file.wait_for(config.connect_file, agent_config.register_timeout_s)
+            agent_config = agent_config.model_copy(  # what the command line or config gave wins
+                update={
+                    "server_url": agent_config.server_url or found.url,
+                    "server_token": agent_config.server_token or found.token,
+                }
+            )
         if config.role in ("all", "gateway"):
             agent = GatewayAgent(agent_config, config.gateway.data_dir)
             node = await stack.enter_async_context(GatewayNode(config.gateway, on_result=[agent.on_result]))
             await agent.start(node)
             stack.push_async_callback(agent.close)
             info.gateway_url, info.node_token = node.url, config.gateway.control_token
-            await agent.registered.wait()
+            await agent.ready()  # the server's refusal, or its URL unreachable for agent.register_timeout_s, stops here
             info.node_id = agent.node_id
         if config.metrics.port is not None:
             sources = [part.exposition for part in (server, node) if part is not None]
@@ -183,7 +201,7 @@ async def serve(
         if on_ready is not None:
             on_ready(info)
         try:
-            await asyncio.Event().wait()
+            await (agent.run() if agent is not None else asyncio.Event().wait())  # raises if the server refuses it
         except asyncio.CancelledError:
             if agent is None or config.drain_timeout_s <= 0:
                 raise
@@ -194,5 +212,7 @@ async def serve(
                 server.stop_dispatching()
             if on_drain is not None and node is not None:
                 on_drain(len(node.pipeline.active()), config.drain_timeout_s)
-            await agent.drain(config.drain_timeout_s)
+            drained = await agent.drain(config.drain_timeout_s)
+            if on_drained is not None:
+                on_drained(drained)
             raise

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shlex
 from pathlib import Path
@@ -16,7 +17,8 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
-from polar_cli.gateway import backend_check
+from polar_cli.gateway import agent, backend_check
+from polar_cli.gateway.agent import Drained
 from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
 
@@ -32,29 +34,32 @@ def build_config(path: Path | None, role: str | None, flags: dict[str, Any]) -> 
     if role is not None:
         data["role"] = role
     base = validate_model(ServeConfig, data, source=source)  # names the bad field and the file before flags apply
-    if base.role == "all":
-        gateway = data.setdefault("gateway", {})
-        if isinstance(gateway, dict):
-            gateway.setdefault("port", 0)  # the embedded gateway: any free port unless the file names one
     overrides: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is None:  # not given (and never str(None): a data dir named "None")
             continue
         if dotted == "token":
             overrides["gateway.control_token" if base.role == "gateway" else "server.token"] = value
-        elif dotted in ("host", "port", "data_dir"):
+        elif dotted in ("host", "port", "data_dir", "public_url"):
             targets = {"server": ["server"], "gateway": ["gateway"], "all": ["server", "gateway"]}[base.role]
             if dotted == "port" and base.role == "all":
                 targets = ["server"]  # the embedded gateway keeps its own (default: any free port)
+            if dotted == "public_url" and base.role == "all":
+                targets = ["gateway"]
             for target in targets:
                 overrides[f"{target}.{dotted}"] = str(value) if dotted == "data_dir" else value
+        elif dotted == "connect_file":
+            overrides[dotted] = str(value)
         else:
             overrides[dotted] = value
     return validate_model(ServeConfig, set_dotted(data, overrides, source=source), source=source)
 
 
-def _announce(info: ServeInfo, data_dir: Path) -> None:
-    if info.url:
+def _announce(info: ServeInfo, data_dir: Path, connect: Path | None = None) -> None:
+    if info.url and connect is not None:  # a job's log may be readable by others: the token stays in the file
+        typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
+        typer.echo(f"  its URL for other hosts and its token are in {connect} (mode 0600)")
+    elif info.url:
         typer.echo(f"Polar rollout server on {info.url}  (role: {info.role}; data: {data_dir})")
         typer.echo(f"  server token: {info.token}")
         exports = f"{SERVER_ENV}={shlex.quote(info.url)} {TOKEN_ENV}={shlex.quote(info.token or '')}"
@@ -68,7 +73,7 @@ def _announce(info: ServeInfo, data_dir: Path) -> None:
     fields = {
         "role": info.role,
         "url": info.url,
-        "token": info.token,
+        "token": info.token if connect is None else None,
         "gateway_url": info.gateway_url,
         "node_id": info.node_id,
         "metrics_url": info.metrics_url,
@@ -101,7 +106,20 @@ def serve_command(
     server_token: str | None = typer.Option(
         None, "--server-token", envvar="POLAR_SERVER_TOKEN", help="--role gateway: the server token (to register)."
     ),
-    public_url: str | None = typer.Option(None, "--public-url", help="The gateway's URL as the server reaches it."),
+    public_url: str | None = typer.Option(
+        None,
+        "--public-url",
+        help="Role gateway: its URL as the server reaches it; role server: its URL as other hosts reach it (in the "
+        "connect file). Without a port, the bound one.",
+    ),
+    connect_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--connect-file",
+            help="Role server: write its URL and token to this file (mode 0600) once it listens; role gateway: wait "
+            "for it and register with what it says. In a folder both hosts see: no token on a command line.",
+        ),
+    ] = None,
     node_id: str | None = typer.Option(None, "--node-id", help="The gateway's node id (default: kept in data dir)."),
     backend: backend_options.Backend = None,
     backend_url: backend_options.BackendUrl = None,
@@ -136,7 +154,8 @@ def serve_command(
     logging.basicConfig(
         level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger(backend_check.__name__).setLevel(logging.WARNING)  # a wait for a busy backend is always said
+    for said in (backend_check, agent):  # a wait for a busy backend, or for the server to answer, is always said
+        logging.getLogger(said.__name__).setLevel(logging.WARNING)
     proxy_overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,
         backend_timeout=backend_timeout, backend_retries=backend_retries, stream_mode=stream_mode,
@@ -150,7 +169,8 @@ def serve_command(
         "agent.server_url": server,
         "agent.server_token": server_token,
         "agent.node_id": node_id,
-        "gateway.public_url": public_url,
+        "public_url": public_url,
+        "connect_file": connect_file,
         **{f"gateway.proxy.{key}": value for key, value in proxy_overrides.items()},
         "gateway.pipeline.run_slots": run_slots,
         "server.heartbeat_interval_s": heartbeat,
@@ -165,13 +185,26 @@ def serve_command(
         typer.echo(f"Note: {note}", err=True)
 
     with contextlib.suppress(Interrupted):  # the first signal drains (--drain-timeout), a second stops at once
-        run_until_stopped(serve(config, lambda info: _announce(info, where), on_drain=_draining))
+        announce = functools.partial(
+            _announce, data_dir=where, connect=config.connect_file if config.role != "gateway" else None
+        )
+        run_until_stopped(serve(config, announce, on_drain=_draining, on_drained=_drained))
     typer.echo(stopped_note(config, where), err=True)
 
 
 def _draining(sessions: int, timeout: float) -> None:
     typer.echo(f"Draining: no new sessions; waiting up to {timeout:g} s for the {sessions} under way "
                "(signal again to stop now).", err=True)  # fmt: skip
+
+
+def _drained(drained: Drained) -> None:
+    """What the drain did, for the job's log: which sessions finished here and which went back to the server."""
+    typer.echo(f"Drained: {len(drained.finished)} sessions finished here; {len(drained.handed_back)} handed back to "
+               "the server (cancelled here, to run again elsewhere)"
+               + (": " + " ".join(drained.handed_back) if drained.handed_back else "."), err=True)  # fmt: skip
+    if drained.unreported:
+        typer.echo(f"  {len(drained.unreported)} results not acknowledged by the server yet (kept, reported at the "
+                   "next start): " + " ".join(drained.unreported), err=True)  # fmt: skip
 
 
 def stopped_note(config: ServeConfig, where: Path) -> str:

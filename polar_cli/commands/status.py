@@ -36,8 +36,11 @@ again."""
 RECENT_TASKS_SHOWN = 5
 """Rows of the service view's table of the last ended tasks (``--json`` has every task the server sent)."""
 
-NODE_CAPTION = ("assigned: sessions the server sent the node and has not seen finish; running and queued: as the node "
-                "reported them in its last heartbeat (its age in the last column)")
+NODE_CAPTION = (
+    "where: its host, and its Slurm job.step when Slurm started it; assigned: sessions the server sent the "
+    "node and has not seen finish; running and queued: as the node reported them in its last heartbeat "
+    "(its age in the last column)"
+)
 
 
 def _ago(timestamp: float | None) -> str:
@@ -65,13 +68,14 @@ def service_tables(status: ServiceStatus) -> Group:
     # the heartbeat's age); assigned is the server's own count: the labels say which is which.
     nodes = Table(title="nodes", caption=NODE_CAPTION)
     counts = ("run slots", "assigned", "running at heartbeat", "queued at heartbeat")
-    for column in ("node", "url", "health", "draining", *counts, "heartbeat"):
+    for column in ("node", "url", "where", "health", "draining", *counts, "heartbeat"):
         nodes.add_column(column, justify="right" if column in counts else "left")
     for node in status.nodes:
         heartbeat = _ago(node.last_heartbeat) if node.heartbeat_age_s is None else f"{node.heartbeat_age_s:.1f}s ago"
         nodes.add_row(
             node.node_id,
             node.url,
+            escape(node.placement.describe()) if node.placement is not None else "-",
             "[green]healthy[/green]" if node.healthy else "[red]unhealthy[/red]",
             "[yellow]draining[/yellow]" if node.draining else "no",
             str(node.load.run_slots),

@@ -8,6 +8,10 @@ been down, or this node killed) and listed as ``held_results`` when the node reg
 
 Each time the node registers (at start, and again when the server has forgotten it), it takes on the inference pool's
 state the server answers: its ``policy_version`` and whether sampling is paused (``GatewayNode.sync_inference``).
+
+At start, a server that cannot be reached is retried for ``config.register_timeout_s``; a refusal (a wrong server
+token, a node id a live gateway holds) stops the agent at once: ``ready()`` and ``run()`` raise it, one line naming
+the server's URL and the cause.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import contextlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_cli.errors import ConfigError, PolarError, SessionError
+from polar_cli.errors import AuthError, ConfigError, PolarError, ServiceUnavailableError, SessionError
+from polar_cli.gateway import placement
 from polar_cli.gateway.config import AgentConfig
 from polar_cli.gateway.node import GatewayNode
 from polar_cli.ids import is_session_id
@@ -39,6 +45,23 @@ from polar_cli.node_protocol import (
 log = logging.getLogger(__name__)
 SERVER_TOKEN_ENV = "POLAR_SERVER_TOKEN"
 BATCH = 16
+
+
+HAND_BACK_S = 10.0
+"""After a drain's wait, how long the gateway waits for the server to acknowledge the sessions it handed back."""
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What a drain did with the sessions under way when it began."""
+
+    finished: list[str]
+    """Finished here within the drain time (results reported unless listed in ``unreported``)."""
+    handed_back: list[str]
+    """Cancelled here, reported ``cancelled`` (the server runs them again): still under way when the time ran out, or
+    their run was cut off by the stop itself (``StagedPipeline.stopping``)."""
+    unreported: list[str]
+    """Results the server had not acknowledged at the end: kept in the data dir, reported at the next start."""
 
 
 class _Unauthorized(Exception):
@@ -61,6 +84,8 @@ class GatewayAgent:
         self.data_dir = Path(data_dir)
         saved = self._saved().get("node_id")
         self.node_id: str | None = config.node_id or (saved if is_session_id(saved) else None)
+        self.placement = placement.from_environment()
+        """Its host, and its Slurm job and step when a Slurm job started it (sent when it registers)."""
         self.heartbeat_interval = 5.0
         self.registered = asyncio.Event()
         self.draining = False
@@ -124,24 +149,47 @@ class GatewayAgent:
         if self._client is not None:
             await self._client.aclose()
 
-    async def _run(self) -> None:
-        await self._register()
-        delivery = asyncio.create_task(self._deliver_loop())
+    async def ready(self) -> None:
+        """Until the node has registered; raises what stopped the agent first (the server refused this node, or could
+        not be reached within ``config.register_timeout_s``)."""
+        assert self._main is not None, "start() first"
+        registered = asyncio.create_task(self.registered.wait())
         try:
-            await self._heartbeat_loop()
+            await asyncio.wait({registered, self._main}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            delivery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await delivery
+            registered.cancel()
+        if self._main.done():
+            self._main.result()
+
+    async def run(self) -> None:
+        """Until cancelled (the agent goes on); raises what stopped the agent (the server refused this node)."""
+        assert self._main is not None, "start() first"
+        await asyncio.shield(self._main)
+
+    async def _run(self) -> None:
+        await self._register(within=self.config.register_timeout_s)
+        loops = [asyncio.create_task(self._deliver_loop()), asyncio.create_task(self._heartbeat_loop())]
+        try:
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a refusal when registering again
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
 
     # ---- register and heartbeat ---------------------------------------------------------------------------------
 
-    async def _register(self) -> None:
-        """Register (again), retrying with backoff until the server answers."""
+    async def _register(self, *, within: float | None = None) -> None:
+        """Register (again). A server that cannot be reached, or answers 5xx, is retried with backoff, each failure
+        logged: for up to ``within`` seconds (at start; then ServiceUnavailableError), else until it answers. A
+        refusal (4xx) raises at once (:func:`refusal`). Every error names the server's URL and the cause."""
         assert self._node is not None and self._client is not None
         node = self._node
         failures = 0
         self.registered.clear()
+        clock = asyncio.get_running_loop()
+        deadline = None if within is None else clock.time() + within
         while True:
             pipeline = node.pipeline.config
             capacity = NodeCapacity(
@@ -151,16 +199,24 @@ class GatewayAgent:
             )
             assert node.url is not None
             body = RegisterBody(url=node.url, token=node.config.control_token, node_id=self.node_id, capacity=capacity,
-                                held_results=list(self._unacked))  # fmt: skip
+                                held_results=list(self._unacked), placement=self.placement)  # fmt: skip
             reply = await self._client.register(body)
-            if reply.status == 401:
-                log.error("the server refused to register this node: check the server token")
             if reply.answer is not None:
                 answer: RegisterAnswer = reply.answer
                 break
+            if reply.status is not None and 400 <= reply.status < 500:
+                raise refusal(self.server_url, reply.status, reply.error)
             failures += 1
-            log.warning("register with %s failed (%s); retrying", self.server_url, reply.error or reply.status)
-            await asyncio.sleep(self.config.retry.delay(failures))
+            cause = reply.error or f"it answered {reply.status}"
+            if deadline is not None and clock.time() >= deadline:
+                raise ServiceUnavailableError(f"cannot register with the rollout server at {self.server_url}: {cause} "
+                                              f"(retried for {within:g} s)")  # fmt: skip
+            left = " until it answers" if deadline is None else f" for up to {within:g} s"
+            level = logging.WARNING if failures == 1 else logging.INFO  # said once, not at every retry
+            log.log(level, "cannot register with the rollout server at %s: %s; retrying%s", self.server_url, cause,
+                    left)  # fmt: skip
+            pause = self.config.retry.delay(failures)
+            await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - clock.time())))
         self.node_id = answer.node_id
         self.heartbeat_interval = answer.heartbeat_interval_s
         self._save_node_id(answer.node_id)
@@ -207,30 +263,52 @@ class GatewayAgent:
         for session_id in reply.answer.cancel:
             self._spawn(self._cancel(session_id))
 
-    async def drain(self, timeout: float) -> bool:
+    async def drain(self, timeout: float) -> Drained:
         """Stop taking sessions (the node answers 503, the server hears it at once), then wait up to ``timeout``
-        seconds for the sessions under way to finish and their results to be acknowledged. True if they all were."""
+        seconds for the sessions under way to finish and their results to be acknowledged. Those still under way are
+        then handed back: cancelled here, and their ``cancelled`` results reported (the server runs them again
+        elsewhere), waiting up to ``HAND_BACK_S`` for the server to acknowledge them."""
         assert self._node is not None
         self._node.draining = self.draining = True
         if self.registered.is_set():
             await self._heartbeat()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._node.pipeline.active() or self._unacked:
-            if asyncio.get_running_loop().time() >= deadline:
-                return False
+        clock = asyncio.get_running_loop()
+        under_way = {job.session_id for job in self._node.pipeline.active()}
+        await self._settle(clock.time() + timeout)
+        left = sorted(job.session_id for job in self._node.pipeline.active())
+        if left:
+            await asyncio.gather(
+                *(self._cancel(sid, "the gateway is stopping (its drain time ran out)") for sid in left)
+            )
+            await self._settle(clock.time() + HAND_BACK_S)
+        back = sorted(sid for sid in under_way if self._status(sid) == "cancelled")
+        return Drained(finished=sorted(under_way - set(back)), handed_back=back, unreported=sorted(self._unacked))
+
+    def _status(self, session_id: str) -> str | None:
+        assert self._node is not None
+        try:
+            result = self._node.pipeline.get(session_id).result
+        except SessionError:
+            return None
+        return None if result is None else result.status
+
+    async def _settle(self, deadline: float) -> None:
+        """Until nothing is under way and every result is acknowledged, or ``deadline`` (the loop's clock)."""
+        assert self._node is not None
+        clock = asyncio.get_running_loop()
+        while (self._node.pipeline.active() or self._unacked) and clock.time() < deadline:
             self._wake.set()
             await asyncio.sleep(0.1)
-        return True
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _cancel(self, session_id: str) -> None:
+    async def _cancel(self, session_id: str, reason: str = "cancelled by the rollout server") -> None:
         assert self._node is not None
         with contextlib.suppress(SessionError):
-            await self._node.pipeline.cancel(session_id, "cancelled by the rollout server")
+            await self._node.pipeline.cancel(session_id, reason)
 
     # ---- result callbacks ---------------------------------------------------------------------------------------
 
@@ -279,3 +357,12 @@ class GatewayAgent:
             self._ack(session_id)
             return True
         return False
+
+
+def refusal(server_url: str, status: int, message: str) -> PolarError:
+    """The one-line error of a register the server refused: AuthError for a wrong server token (401/403), ConfigError
+    for anything else (409: a live gateway holds this node id)."""
+    text = f"the rollout server at {server_url} refused to register this gateway ({status}): {message}"
+    if status in (401, 403):
+        return AuthError(f"{text} (check --server-token or ${SERVER_TOKEN_ENV})")
+    return ConfigError(text)

@@ -60,8 +60,12 @@ class GatewayConfig(StrictModel):
     """One gateway node: where it listens, where it keeps data, its pools and its proxy's backend."""
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8790, ge=0, le=65535)
-    public_url: str | None = Field(default=None, description="the node's URL as runtimes reach it (default: listen)")
+    port: int = Field(default=0, ge=0, le=65535, description="0: any free port (several gateways on one host)")
+    public_url: str | None = Field(
+        default=None,
+        description="the node's URL as the server and runtimes reach it (default: where it listens); without a port,"
+        " the port it bound",
+    )
     data_dir: Path = Field(default=Path("polar-data"), description="results/ and journal/ go here")
     scratch_root: Path | None = Field(default=None, description="runtimes' per-session host dirs (default: $TMPDIR)")
     control_token: NodeToken = Field(
@@ -94,3 +98,9 @@ class AgentConfig(StrictModel):
     server_token: str | None = Field(default=None, description="default: $POLAR_SERVER_TOKEN")
     node_id: SessionId | None = Field(default=None, description="default: kept in the data dir from the first register")
     retry: Backoff = Field(default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0))
+    register_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="at start, how long a server that cannot be reached (or answers 5xx) is retried before the "
+        "gateway exits naming its URL and the cause; a refusal (wrong token, node id in use) exits at once",
+    )

@@ -35,7 +35,7 @@ from polar_cli.node_protocol import ATTEMPT_KEY, PAUSE_TIMEOUT_S, BatchSessionAn
 from polar_cli.proxy import ProxyState, session_options
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
-from polar_cli.web.listen import Listener, listen
+from polar_cli.web.listen import Listener, listen, with_port
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,18 @@ class GatewayNode:
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
                                        metrics=self.metrics)  # fmt: skip
         self.url: str | None = None
-        self.draining = False
-        """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish."""
         self._listener: Listener | None = None
         self._stale: set[asyncio.Task[SessionResult | None]] = set()  # cancellations of stale sessions under way
+
+    @property
+    def draining(self) -> bool:
+        """Set when the node is stopping gracefully: ``POST /sessions`` answers 503, sessions under way finish (a run
+        that fails meanwhile is handed back: ``StagedPipeline.stopping``)."""
+        return self.pipeline.stopping
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.pipeline.stopping = value
 
     @property
     def exposition(self) -> Exposition:
@@ -82,7 +90,8 @@ class GatewayNode:
                     raise
                 log.error("%s (sessions fail until it answers)", exc)
         self._listener = await listen(create_app(self), self.config.host, self.config.port)
-        self.url = (self.config.public_url or self._listener.url).rstrip("/")
+        public = self.config.public_url
+        self.url = (with_port(public, self._listener.port) if public else self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
         await self.pipeline.start()
 

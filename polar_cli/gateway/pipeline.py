@@ -126,6 +126,10 @@ class StagedPipeline:
         self._run_busy_seconds = 0.0
         self._started_at: float | None = None
         self._closing = False
+        self.stopping = False
+        """The node is draining (``GatewayNode.draining``): a run that fails now was most likely cut off by the stop
+        itself (a scheduler signals every process of the job, the harness's too), so its session is handed back
+        (``cancelled``: the rollout server runs it again) rather than reported as failed."""
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -331,6 +335,10 @@ class StagedPipeline:
         except Exception as exc:
             outcome = RunOutcome("error", error=f"run failed: {describe(exc)}")
         self._run_ended(job)
+        if self.stopping and outcome.status == "error":
+            reason = f"the gateway is stopping; the run ended meanwhile ({outcome.error or 'failed'})"
+            self._spawn(self._conclude(job, "cancelled", reason, immediate=True, salvage=True))
+            return
         job.outcome = outcome
         job.stage = Stage.POSTRUN_QUEUED
         try:

@@ -51,6 +51,23 @@ class NodeLoad(BaseModel):
     assigned: int | None = None
 
 
+class Placement(BaseModel):
+    """Where a gateway runs, as its host and cluster scheduler name it (``polar_cli.gateway.placement`` reads it from
+    the environment): sent when it registers, kept in its node row, shown by ``polar status``."""
+
+    host: str = Field(max_length=256, description="SLURMD_NODENAME under Slurm, else the host name")
+    scheduler: Literal["slurm"] | None = Field(default=None, description="None: not started by a known scheduler")
+    job_id: str | None = Field(default=None, max_length=256, description="SLURM_JOB_ID")
+    step_id: str | None = Field(default=None, max_length=256, description="SLURM_STEP_ID (srun's step)")
+
+    def describe(self) -> str:
+        """``slurm job 4242.0 on node017``, or the host alone."""
+        if self.scheduler is None or self.job_id is None:
+            return self.host
+        step = "" if self.step_id is None else f".{self.step_id}"
+        return f"{self.scheduler} job {self.job_id}{step} on {self.host}"
+
+
 class NodeStatus(BaseModel):
     """One gateway node in ``GET /rollout/status``."""
 
@@ -62,6 +79,8 @@ class NodeStatus(BaseModel):
     last_heartbeat: float | None = None
     heartbeat_age_s: float | None = None
     """Seconds since the server last heard a heartbeat from the node (by the server's own clock; None: none yet)."""
+    placement: Placement | None = None
+    """Where it runs, as it said when it registered (None: a gateway older than this field)."""
 
 
 class Throughput(BaseModel):

@@ -25,6 +25,7 @@ from polar_cli.models.limits import (
     HttpURL,
     NodeToken,
 )
+from polar_cli.models.service import Placement
 from polar_cli.models.session import SessionResult
 from polar_cli.models.task import TaskRequest
 
@@ -188,6 +189,7 @@ class RegisterBody(StrictModel):
     held_results: list[SessionId] = Field(
         default_factory=list, max_length=MAX_LISTED_SESSIONS, description="finished sessions not yet acknowledged"
     )
+    placement: Placement | None = Field(default=None, description="its host, and its Slurm job and step if any")
 
 
 class RegisterAnswer(BaseModel):

@@ -112,9 +112,10 @@ class GatewayClient:
     # ``polar_cli.gateway.app``; calls that wait (pause, load weights, remove) are bounded by the body's
     # ``timeout_s`` plus ``CONTROL_MARGIN_S``, not by the kept-alive client's short default.
 
-    async def inference(self, node: NodeAddress) -> Reply[PoolStatus]:
-        """``GET /inference``: the node's pool."""
-        return await call(self._client(node), "GET", f"{node.url}/inference", node.token, PoolStatus)
+    async def inference(self, node: NodeAddress, *, timeout: float | None = None) -> Reply[PoolStatus]:
+        """``GET /inference``: the node's pool (also the server's probe of whether a node still answers with its
+        token: a cheap read that needs it)."""
+        return await call(self._client(node), "GET", f"{node.url}/inference", node.token, PoolStatus, timeout=timeout)
 
     async def pause(self, node: NodeAddress, body: PauseBody) -> Reply[PoolStatus]:
         """``POST /inference/pause``: answered once the pool is quiet (``wait``) or its calls are frozen (``keep``)."""

@@ -18,6 +18,11 @@ class ServerConfig(StrictModel):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8780, ge=0, le=65535)
+    public_url: str | None = Field(
+        default=None,
+        description="the server's URL as other hosts reach it, written to the connect file (default: on a wildcard "
+        "host, this host's name); without a port, the bound one",
+    )
     data_dir: Path = Field(default=Path("polar-data"), description=f"{DB_NAME} (SQLite, WAL) goes here")
     token: str | None = Field(default=None, description="the server token (default: $POLAR_TOKEN, else generated once)")
     heartbeat_interval_s: PositiveFloat = Field(default=5.0, description="how often gateways heartbeat")

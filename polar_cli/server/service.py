@@ -31,7 +31,7 @@ from typing import Any, get_args
 
 import httpx
 
-from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError
+from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError, SessionExistsError
 from polar_cli.ids import session_ids_for as new_session_ids
 from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
 from polar_cli.models import NodeLoad, RecentRewards, SessionResult, TaskRequest, TaskStatus
@@ -90,6 +90,9 @@ has a connection pool of its own, ``GatewayClient``)."""
 LOOKUPS_IN_FLIGHT = 16
 TASKS_CACHED = 4096
 """Task bodies kept as JSON for dispatch (a burst of many small tasks is sent interleaved across nodes)."""
+PROBE_TIMEOUT_S = 3.0
+"""How long a register waits for the old URL of its node id to answer (a live duplicate answers at once; a host that
+went down may not answer at all)."""
 
 
 def session_ids_for(task: TaskRequest) -> list[str]:
@@ -268,7 +271,8 @@ class RolloutServer:
             age = None if heard is None else round(max(0.0, now - heard), 3)
             load = NodeLoad(run_slots=view.run_slots, assigned=view.assigned, running=view.running, queued=view.queued)
             nodes.append(NodeStatus(node_id=node.node_id, url=node.url, healthy=view.healthy, draining=view.draining,
-                                    load=load, last_heartbeat=heard, heartbeat_age_s=age))  # fmt: skip
+                                    load=load, last_heartbeat=heard, heartbeat_age_s=age,
+                                    placement=node.placement))  # fmt: skip
         sessions = self.store.session_counts()
         return ServiceStatus(
             tasks=self.store.task_counts(),
@@ -370,10 +374,13 @@ class RolloutServer:
             raise AuthError(f"wrong node token: it is not the token node {node_id!r} registered with")
 
     async def register(self, body: RegisterBody) -> RegisterAnswer:
-        """A gateway (re)starts: whatever the server thought ran there and is not among its held results is lost."""
+        """A gateway (re)starts: whatever the server thought ran there and is not among its held results is lost.
+        SessionExistsError (409) when another gateway, alive at another URL, holds the node id."""
         node_id = body.node_id or f"node-{secrets.token_hex(4)}"
         url = body.url.rstrip("/")
-        await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots)
+        await self._refuse_live_duplicate(node_id, url)
+        await self.threads.write(self.store.upsert_node, node_id, url, body.token, body.capacity.run_slots,
+                                 body.placement)  # fmt: skip
         node = await self.threads.read(self.store.node, node_id)
         assert node is not None
         before = self._nodes.get(node_id)
@@ -389,6 +396,23 @@ class RolloutServer:
         self._dispatch_wake.set()
         return RegisterAnswer(node_id=node_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
                               policy_version=self.inference.policy_version, paused=self.inference.paused)  # fmt: skip
+
+    async def _refuse_live_duplicate(self, node_id: str, url: str) -> None:
+        """A node id registering from a new URL is a restart of that node (after a kill, on another port or host)
+        unless the node at its old URL, heard from lately, still answers with its node token: then two gateways
+        claim one id (the same ``--node-id`` twice, a copied data dir) and the newcomer is refused."""
+        before = self._nodes.get(node_id)
+        live = self._live.get(node_id)
+        if before is None or before.url == url or live is None or live.dead:
+            return
+        if time.monotonic() - live.last_seen > self.config.dead_after_s:
+            return  # silent for too long: the liveness loop is about to call it dead
+        reply = await self.gateways.inference(before, timeout=PROBE_TIMEOUT_S)
+        if reply.ok:
+            raise SessionExistsError(
+                f"node id {node_id!r} is held by a live gateway at {before.url}: give each gateway its own --node-id "
+                "and data dir (a copied data dir carries the node id in node.json)"
+            )
 
     async def heartbeat(self, node_id: str, body: HeartbeatBody) -> HeartbeatAnswer:
         """The node's load and the sessions it holds: ones it should not run are cancelled there; ones it should

@@ -25,6 +25,7 @@ import orjson
 
 from polar_cli.errors import SessionError, SessionExistsError
 from polar_cli.models import (
+    Placement,
     SessionResult,
     SessionState,
     TaskRequest,
@@ -77,6 +78,8 @@ class NodeRow:
     token: str
     run_slots: int
     draining: bool
+    placement: Placement | None = None
+    """Where the node runs (its host, its Slurm job and step), as it said when it last registered."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,9 @@ class SessionStore(Protocol):
     def requeue(self, session_id: str, attempt: int, reason: str, max_attempts: int) -> Finished | None: ...
     def cancel_task(self, task_id: str) -> list[SessionRow]: ...
     def result(self, session_id: str) -> SessionResult | None: ...
-    def upsert_node(self, node_id: str, url: str, token: str, run_slots: int) -> None: ...
+    def upsert_node(
+        self, node_id: str, url: str, token: str, run_slots: int, placement: Placement | None = None
+    ) -> None: ...
     def node(self, node_id: str) -> NodeRow | None: ...
     def nodes(self) -> list[NodeRow]: ...
     def set_draining(self, node_id: str) -> None: ...
@@ -190,7 +195,7 @@ CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, node_id);
 CREATE INDEX IF NOT EXISTS sessions_finished ON sessions(state, updated_at);
 CREATE TABLE IF NOT EXISTS nodes (
     node_id TEXT PRIMARY KEY, url TEXT NOT NULL, token TEXT NOT NULL, run_slots INTEGER NOT NULL,
-    draining INTEGER NOT NULL DEFAULT 0, registered_at REAL NOT NULL);
+    draining INTEGER NOT NULL DEFAULT 0, registered_at REAL NOT NULL, placement TEXT);
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT UNIQUE NOT NULL, url TEXT NOT NULL, kind TEXT NOT NULL,
     task_id TEXT NOT NULL, session_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,
@@ -206,6 +211,18 @@ CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions(state);
 """``sessions_by_state`` keeps each state's sessions in rowid order: the oldest ``pending`` ones are read without
 sorting every pending session."""
 
+
+_ADDED_COLUMNS = {"nodes": {"placement": "TEXT"}}
+"""Columns added to a table after it was first released: a database made before gets them when it opens (``CREATE
+TABLE IF NOT EXISTS`` leaves an existing table as it was)."""
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, columns in _ADDED_COLUMNS.items():
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, kind in columns.items():
+            if name not in present:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 _NOT_WAITING = (
@@ -226,6 +243,7 @@ class SQLiteStore:
         self._lock = threading.Lock()
         self._db.executescript(_SCHEMA)
         with self._tx() as db:
+            _add_columns(db)
             install_counters(db)
 
     @property
@@ -693,18 +711,23 @@ class SQLiteStore:
 
     # ---- nodes --------------------------------------------------------------------------------------------------
 
-    def upsert_node(self, node_id: str, url: str, token: str, run_slots: int) -> None:
+    def upsert_node(
+        self, node_id: str, url: str, token: str, run_slots: int, placement: Placement | None = None
+    ) -> None:
+        where = None if placement is None else placement.model_dump_json()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO nodes VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT(node_id) DO UPDATE SET url = "
-                "excluded.url, token = excluded.token, run_slots = excluded.run_slots, registered_at = "
-                "excluded.registered_at",
-                (node_id, url, token, run_slots, time.time()),
+                "INSERT INTO nodes (node_id, url, token, run_slots, draining, registered_at, placement) "
+                "VALUES (?, ?, ?, ?, 0, ?, ?) ON CONFLICT(node_id) DO UPDATE SET url = excluded.url, token = "
+                "excluded.token, run_slots = excluded.run_slots, registered_at = excluded.registered_at, "
+                "placement = excluded.placement",
+                (node_id, url, token, run_slots, time.time(), where),
             )
 
     @staticmethod
     def _node(r: sqlite3.Row) -> NodeRow:
-        return NodeRow(r["node_id"], r["url"], r["token"], r["run_slots"], bool(r["draining"]))
+        where = None if r["placement"] is None else Placement.model_validate_json(r["placement"])
+        return NodeRow(r["node_id"], r["url"], r["token"], r["run_slots"], bool(r["draining"]), where)
 
     def node(self, node_id: str) -> NodeRow | None:
         r = self._db.execute("SELECT * FROM nodes WHERE node_id = ?", (node_id,)).fetchone()

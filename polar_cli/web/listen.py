@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
@@ -23,6 +24,15 @@ def listen_url(host: str, port: int) -> str:
     """The URL a local client reaches ``host:port`` at (a wildcard host is reached on 127.0.0.1)."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     return f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
+
+
+def with_port(url: str, port: int) -> str:
+    """``url`` with ``port`` added when it names none (``http://node017`` → ``http://node017:8790``): a public URL given
+    before the port is bound (``port=0``, several servers on one host) still says where this one is."""
+    parts = urlsplit(url)
+    if parts.port is not None or not parts.hostname:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{parts.netloc}:{port}"))
 
 
 @dataclass

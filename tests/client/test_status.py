@@ -135,17 +135,20 @@ def test_the_nodes_table_says_whose_figures_it_shows() -> None:
     from rich.console import Console
 
     from polar_cli.commands.status import service_tables
-    from polar_cli.models import NodeLoad, NodeStatus, ServiceStatus
+    from polar_cli.models import NodeLoad, NodeStatus, Placement, ServiceStatus
 
+    where = Placement(host="node017", scheduler="slurm", job_id="4242", step_id="0")
     node = NodeStatus(node_id="node-1", url="http://127.0.0.1:1", healthy=True, heartbeat_age_s=4.2,
-                      load=NodeLoad(run_slots=8, running=4, queued=0, assigned=0))  # fmt: skip
+                      load=NodeLoad(run_slots=8, running=4, queued=0, assigned=0), placement=where)  # fmt: skip
     status = ServiceStatus(tasks={"completed": 1}, sessions={"finished": 4}, nodes=[node])
     console = Console(width=400, record=True)
     console.print(service_tables(status))
     text = console.export_text()
     header = next(line for line in text.splitlines() if "node" in line and "url" in line)
-    assert [cell.strip() for cell in header.split("┃")[5:9]] == ["run slots", "assigned", "running at heartbeat",
-                                                                "queued at heartbeat"]  # fmt: skip
+    assert [cell.strip() for cell in header.split("┃")[3:10]] == ["where", "health", "draining", "run slots",
+                                                                 "assigned", "running at heartbeat",
+                                                                 "queued at heartbeat"]  # fmt: skip
     row = next(line for line in text.splitlines() if "node-1" in line)
-    assert [cell.strip() for cell in row.split("│")[5:10]] == ["8", "0", "4", "0", "4.2s ago"]
+    assert [cell.strip() for cell in row.split("│")[3:4]] == ["slurm job 4242.0 on node017"]
+    assert [cell.strip() for cell in row.split("│")[6:11]] == ["8", "0", "4", "0", "4.2s ago"]
     assert "running and queued: as the node reported them in its last heartbeat" in " ".join(text.split())

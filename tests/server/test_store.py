@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
 from polar_cli.errors import SessionExistsError
-from polar_cli.models import SessionResult, TaskRequest, Trajectory
-from polar_cli.server.store import SQLiteStore
+from polar_cli.models import Placement, SessionResult, TaskRequest, Trajectory
+from polar_cli.server.store import NodeRow, SQLiteStore
 
 
 def make_task(task_id: str = "t1", samples: int = 2, callback_url: str | None = "http://127.0.0.1:9/cb") -> TaskRequest:
@@ -252,3 +253,27 @@ def test_a_heartbeat_misses_only_the_sessions_sent_before_it_could_list_them(tmp
     assert [row.session_id for row in store.check_held("n1", ["a"]).missing] == ["b", "c"]
     assert store.check_held("n1", ["a", "zzz"], between).cancel == ["zzz"]
     store.close()
+
+
+def test_a_database_from_before_node_placements_opens_and_keeps_its_nodes(tmp_path: Path) -> None:
+    """``nodes.placement`` came later: a database made without it gets the column when it opens, its nodes read
+    back without a placement, and a register then records one."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:  # the nodes table as released before the column
+        old.execute(
+            "CREATE TABLE nodes (node_id TEXT PRIMARY KEY, url TEXT NOT NULL, token TEXT NOT NULL, "
+            "run_slots INTEGER NOT NULL, draining INTEGER NOT NULL DEFAULT 0, registered_at REAL NOT NULL)"
+        )
+        old.execute("INSERT INTO nodes VALUES ('n-old', 'http://127.0.0.1:1', 'tok', 4, 1, 0)")
+    old.close()
+    store = SQLiteStore(path)
+    assert store.node("n-old") == NodeRow("n-old", "http://127.0.0.1:1", "tok", 4, True, None)
+    where = Placement(host="node017", scheduler="slurm", job_id="4242", step_id="0")
+    store.upsert_node("n-old", "http://127.0.0.1:2", "tok2", 8, where)
+    store.upsert_node("n-new", "http://127.0.0.1:3", "tok3", 2)
+    store.close()
+    reopened = SQLiteStore(path)  # the column is there now: opening again adds nothing
+    assert [(n.node_id, n.url, n.draining, n.placement) for n in reopened.nodes()] == [
+        ("n-new", "http://127.0.0.1:3", False, None),
+        ("n-old", "http://127.0.0.1:2", True, where),
+    ]
