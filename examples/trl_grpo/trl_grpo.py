@@ -251,7 +251,6 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         num_iterations=1,
         temperature=1.0,  # the sampling temperature the tasks ask the proxy for
         beta=0.0,
-        max_completion_length=args.max_tokens,
         save_strategy="no",
         logging_steps=1,
         report_to="none",
