@@ -54,9 +54,11 @@ from grpo import save_checkpoint, start_polar, start_vllm, verify  # noqa: E402
 from polar_cli.client import PolarClient  # noqa: E402
 from polar_cli.groups import Group, GroupConfig, GroupStats  # noqa: E402
 from polar_cli.models import TaskRequest  # noqa: E402
+from polar_cli.trainers.rules import select_traces  # noqa: E402
 from polar_cli.trainers.trl import distinct_prompts, polar_reward_func, trl_rollout  # noqa: E402
 
 HARNESS = "shell"  # the reference agent: one bash tool, the shortest prompt of the CLIs tiny_agent trains
+TRACES = "last_main"  # a session whose chain still broke (rare in token mode) gives its last chain, the one scored
 RETRIES = 3  # rounds of resubmitting the prompts whose group came back with a session that is not a sample
 
 # ---- the tasks -----------------------------------------------------------------------------------------------------
@@ -70,7 +72,9 @@ def task(prompt: str, task_id: str, step: int, args: argparse.Namespace) -> Task
     file, line = PROMPTS[prompt]
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": args.max_tokens}
     spec = json.loads(tiny_agent.eval_task(HARNESS, file, line, args.max_tokens))
-    spec["agent"]["sampling"] = sampling
+    # token mode: the proxy sends each prompt as ids with the earlier turns spliced in exactly as sampled, so a session
+    # is one context-exact chain, which TRL trains as one completion (tool results at mask 0)
+    spec["agent"] |= {"sampling": sampling, "token_mode": "tokens", "keep_reasoning": True}
     spec |= {"task_id": task_id, "num_samples": args.num_generations, "timeout_seconds": args.timeout}
     spec["metadata"] |= {"group_id": task_id, "rollout_step": step}
     return TaskRequest.model_validate(spec)
@@ -90,6 +94,8 @@ class StepRecord:
     sampled_at: float
     dropped: dict[str, int]
     """groups dropped (and their prompts submitted again), by reason"""
+    env_masks: list[list[int]]
+    """TRL's loss mask of every row"""
 
 
 @dataclass
@@ -113,8 +119,10 @@ class PolarRollouts:
         step_dir.mkdir(parents=True, exist_ok=True)
         results = step_dir / "results.jsonl"
         results.write_text("".join(r.model_dump_json() + "\n" for g in groups for r in g.results))
-        self.pending = StepRecord(step, version, groups, results, time.monotonic() - started, dict(dropped))
-        return trl_rollout(groups, num_generations=self.args.num_generations).to_kwargs()
+        rollout = trl_rollout(groups, num_generations=self.args.num_generations, traces=TRACES)
+        self.pending = StepRecord(step, version, groups, results, time.monotonic() - started, dict(dropped),
+                                  rollout.env_mask)  # fmt: skip
+        return rollout.to_kwargs()
 
     def sample(self, prompts: list[str], step: int, dropped: Counter[str]) -> list[Group]:
         """One usable group per prompt, in the prompts' order. A group with a session that gives no sample (TRL
@@ -178,7 +186,8 @@ class LoadWeights(TrainerCallback):
             "groups": len(pending.groups),
             "sessions": len(rewards),
             "dropped_groups": pending.dropped,
-            "tokens_trained": sum(sum(t.loss_mask) for g in pending.groups for t in g.traces if t.trainable),
+            "tokens_trained": sum(sum(mask) for mask in pending.env_masks),
+            "split_sessions": sum(len(select_traces(r, "each")) > 1 for g in pending.groups for r in g.results),
             "policy_version": pending.policy_version,
             "new_policy_version": new_version,
             "sampled_with": str(self.models[pending.policy_version]),
@@ -269,8 +278,9 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         print(f"starting vLLM on {base_model} and polar serve (logs in {out}) ...", flush=True)
-        vllm_url = start_vllm(stack, base_model, out, args.vllm_venv, max_model_len=tiny_agent.MAX_MODEL_LEN,
-                              extra_args=["--reasoning-parser", tiny_agent.REASONING_PARSER])  # fmt: skip
+        # --enable-scale-out: vLLM's token-in routes (token mode)
+        extra_args = ["--reasoning-parser", tiny_agent.REASONING_PARSER, "--enable-scale-out"]
+        vllm_url = start_vllm(stack, base_model, out, args.vllm_venv, tiny_agent.MAX_MODEL_LEN, extra_args)
         info = start_polar(stack, vllm_url, out)
         client = stack.enter_context(PolarClient(info["url"], info["token"], timeout=120))
         rollouts = PolarRollouts(client, out, args)
@@ -305,7 +315,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-generations", type=int, default=8, help="sessions per prompt (TRL's num_generations)")
     parser.add_argument("--max-tokens", type=int, default=128, help="cap on each model call's sampled tokens")
     parser.add_argument("--timeout", type=int, default=120, help="seconds a session may run")
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (TRL's AdamW, constant)")
+    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (TRL's AdamW, constant)")
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (data order)")
     parser.add_argument("--model", type=Path, help="start from this model folder (default: tiny_agent's cached model)")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
