@@ -29,9 +29,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import secrets
 import signal
+import statistics
 import sys
 import time
 from collections import Counter
@@ -91,7 +93,7 @@ class StepRecord:
     policy_version: int
     groups: list[Group]
     results: Path
-    sampled_at: float
+    sampling_seconds: float
     dropped: dict[str, int]
     """groups dropped (and their prompts submitted again), by reason"""
     env_masks: list[list[int]]
@@ -163,8 +165,8 @@ class LoadWeights(TrainerCallback):
         pending, client, out = self.rollouts.pending, self.rollouts.client, self.rollouts.out
         assert pending is not None, "on_step_end before any rollout"
         # TRL samples inside the step (its _prepare_inputs): the training time is the step's time less the sampling
-        training = time.monotonic() - self.trained_since - pending.sampled_at
-        seconds = {"sampling": pending.sampled_at, "training": training}
+        training = time.monotonic() - self.trained_since - pending.sampling_seconds
+        seconds = {"sampling": pending.sampling_seconds, "training": training}
 
         t = time.monotonic()
         folder = out / "checkpoints" / f"v{pending.policy_version + 1}"
@@ -183,6 +185,7 @@ class LoadWeights(TrainerCallback):
             "mean_reward": sum(rewards) / len(rewards),
             "min_reward": min(rewards),
             "max_reward": max(rewards),
+            "reward_stderr": statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0,
             "groups": len(pending.groups),
             "sessions": len(rewards),
             "dropped_groups": pending.dropped,
@@ -220,8 +223,9 @@ def row(record: dict[str, Any]) -> str:
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
-    """Mean reward per step with its min-max band. (grpo_tiny's plot has its own title and axis; examples/grpo_tiny
-    is part of tiny_agent's cache key, so it is left as it is.)"""
+    """Mean reward per step with a band of one standard error of that mean (the reward is 0 or 1, so a min-max band
+    says nothing). grpo_tiny's plot has its own title and band; examples/grpo_tiny is part of tiny_agent's cache key,
+    so it is left as it is."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,9 +233,12 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     steps = [r["step"] for r in records]
-    ax.plot(steps, [r["mean_reward"] for r in records], marker="o", label="mean reward")
-    ax.fill_between(steps, [r["min_reward"] for r in records], [r["max_reward"] for r in records], alpha=0.2,
-                    label="min-max")  # fmt: skip
+    means = [r["mean_reward"] for r in records]
+    ax.plot(steps, means, marker="o", label="mean reward")
+    ax.fill_between(steps, [m - r["reward_stderr"] for m, r in zip(means, records, strict=True)],
+                    [m + r["reward_stderr"] for m, r in zip(means, records, strict=True)], alpha=0.2,
+                    label="± 1 standard error")  # fmt: skip
+    ax.set_ylim(0, 1)
     ax.set(xlabel="step", ylabel="reward (1: the file holds the line)", title="trl_grpo: TRL GRPOTrainer, polar serve")
     ax.legend()
     fig.tight_layout()
