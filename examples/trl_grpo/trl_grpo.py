@@ -32,6 +32,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import sys
@@ -56,11 +57,11 @@ from grpo import save_checkpoint, start_polar, start_vllm, verify  # noqa: E402
 from polar_cli.client import PolarClient  # noqa: E402
 from polar_cli.groups import Group, GroupConfig, GroupStats  # noqa: E402
 from polar_cli.models import TaskRequest  # noqa: E402
-from polar_cli.trainers.rules import select_traces  # noqa: E402
+from polar_cli.trainers.rules import TraceRule, select_traces  # noqa: E402
 from polar_cli.trainers.trl import distinct_prompts, polar_reward_func, trl_rollout  # noqa: E402
 
 HARNESS = "shell"  # the reference agent: one bash tool, the shortest prompt of the CLIs tiny_agent trains
-TRACES = "last_main"  # a session whose chain still broke (rare in token mode) gives its last chain, the one scored
+TRACES: TraceRule = "last_main"  # a session whose chain still broke (token mode makes it rare): its last chain
 RETRIES = 3  # rounds of resubmitting the prompts whose group came back with a session that is not a sample
 
 # ---- the tasks -----------------------------------------------------------------------------------------------------
@@ -279,7 +280,11 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    base_model = args.model.resolve() if args.model else tiny_agent.cached_model()
+    # version 1 is a copy in the run's folder: vLLM, the checkpoints' tokenizer files and verify read it all run long,
+    # and tiny_agent's cache drops a build when another build replaces it
+    base_model = out / "checkpoints" / "v1"
+    if not (base_model / "model.safetensors").exists():
+        shutil.copytree(args.model.resolve() if args.model else tiny_agent.cached_model(), base_model)
     (out / "steps.jsonl").write_text("")
     failed_verify: list[int] = []
 
