@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the tiny tool-calling model of examples/tiny_agent (scripted teacher -> polar generate -> polar export -> SFT)
-# for tests/examples/test_tiny_agent.py. Built from the repository, never downloaded; cached under
+# for tests/examples/test_tiny_agent.py and test_trl_grpo.py. Built from the repository, never downloaded; cached under
 # ${POLAR_HOME:-~/.cache/polar}/tiny-agent/<hash of its inputs>/model (tiny_agent.INPUTS), so a run whose inputs did
 # not change takes a second. Needs the CLIs (.ci/setup_harnesses.sh, run before this) and polar with the train extra.
 set -euo pipefail
