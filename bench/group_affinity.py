@@ -26,8 +26,6 @@ import json
 import os
 import random
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,7 @@ from typing import Any
 
 import httpx
 import yaml
+from procs import free_port, stop
 from rich.console import Console
 from rich.table import Table
 
@@ -66,13 +65,6 @@ print("done")
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def vllm_python() -> Path:
     venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
     python = venv / "bin" / "python"
@@ -92,20 +84,6 @@ def wait_until(ready: Any, proc: subprocess.Popen[bytes], log: Path, what: str, 
         if time.monotonic() > deadline:
             raise SystemExit(f"{what} did not start within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group (vLLM's engine processes, a serve's harnesses), SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def answers(url: str) -> bool:

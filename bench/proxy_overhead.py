@@ -15,7 +15,6 @@ import asyncio
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 from aiohttp import web
+from procs import free_port
 
 RESPONSE_TOKENS = 32
 
@@ -73,13 +73,6 @@ def serve_fake_vllm(port: int, prompt_tokens: int) -> None:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def request_body(prompt_tokens: int) -> bytes:

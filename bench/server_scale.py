@@ -47,7 +47,6 @@ import multiprocessing
 import os
 import secrets
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from procs import free_port
 from rich.console import Console
 from rich.table import Table
 
@@ -103,12 +103,6 @@ def _serve_child(data_dir: str, token: str, heartbeat_s: float, port: int, profi
 def _wait_closed(conn: Connection) -> None:
     with contextlib.suppress(EOFError, OSError):
         conn.recv()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ServerProcess:

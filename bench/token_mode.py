@@ -52,8 +52,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from procs import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "tiny_agent"))
@@ -160,13 +159,6 @@ def served_templates(model_dir: Path) -> list[Served]:
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def vllm_python() -> Path:
     venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
     python = venv / "bin" / "python"
@@ -188,20 +180,6 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
         if time.monotonic() > deadline:
             raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group (vLLM's engine processes with it), SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 @contextmanager
