@@ -1,0 +1,150 @@
+"""slime's rollout function (``polar_cli.trainers.slime_rollout``) called the way slime's ``RolloutManager`` calls a
+``--rollout-function-path`` / ``--eval-function-path`` function (``call_rollout_fn``), with slime's data source and
+``Sample`` from the test-only stand-in (tests/support/slime_standin: copied from slime 0.3.1, 624b824a, which is not on
+PyPI), against a real ``polar serve`` over the run's shared real vLLM CPU server.
+
+Rows: three quick ones (one model call per session) and two that wait for a marker file before their call.
+Rollout 0 (``--partial-rollout``, 4 groups pulled and run at once for a batch of 2): two quick groups make the batch,
+as slime Samples whose tokens, mask and logprobs are what the gateway journaled; the over-sampled quick group and the
+waiting one go back to the data source with their Polar task ids (the waiting one ``ABORTED``, its task still
+running), and Polar is paused for slime's weight sync. Rollout 1 (no partial rollout) resumes Polar one version on and
+joins the two carried tasks instead of resubmitting them; the waiting row it submitted itself is cancelled, not
+returned. Evaluation gives slime's ``{name: {rewards, truncated, samples}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from polar_cli.client import PolarClient
+from polar_cli.models import Completion
+from polar_cli.proxy.journal import read_journal
+from tests.server.procs import Serve, serve_config
+from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+__all__ = ["vllm_model_dir", "vllm_url"]
+
+STANDIN = Path(__file__).resolve().parents[1] / "support" / "slime_standin"
+# The harness: waits for the file named after "wait:" in the instruction, if any, then makes one sampled chat call.
+AGENT = """
+import json, os, time, urllib.request
+instruction = os.environ["POLAR_INSTRUCTION"]
+if "wait:" in instruction:
+    marker = instruction.split("wait:", 1)[1].strip()
+    while not os.path.exists(marker):
+        time.sleep(0.1)
+body = {"model": os.environ["POLAR_MODEL"], "messages": [{"role": "user", "content": instruction}],
+        "max_tokens": 6, "temperature": 1.0}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                          "Content-Type": "application/json"})
+json.load(urllib.request.urlopen(request, timeout=300))
+"""
+TASK = {
+    "timeout_seconds": 300,
+    "agent": {
+        "harness": "shell",
+        "config": {"command": f'exec {sys.executable} "$HOME/agent.py"', "files": {"agent.py": AGENT}},
+    },
+    "builder": {"strategy": "per_request"},
+    "evaluator": {"strategy": "session_completion"},
+}
+
+
+@pytest.fixture
+def slime(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    monkeypatch.syspath_prepend(str(STANDIN))
+    from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, call_rollout_fn
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.utils.types import Sample
+
+    return SimpleNamespace(Sample=Sample, DataSource=RolloutDataSourceWithBuffer, call=call_rollout_fn,
+                           TrainOutput=RolloutFnTrainOutput, EvalOutput=RolloutFnEvalOutput)  # fmt: skip
+
+
+def journaled(data_dir: Path, session_id: str) -> Completion:
+    (completion,) = read_journal(data_dir / "journal" / f"{session_id}.jsonl")
+    return completion
+
+
+def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: SimpleNamespace) -> None:
+    from polar_cli.trainers.slime_rollout import TASK_ID_KEY, eval_rollout, generate_rollout
+
+    data_dir = tmp_path / "polar-data"
+    serve = Serve(data_dir, "--port", "0", "--config", str(serve_config(tmp_path, "serve")), "--backend", "vllm",
+                  "--backend-url", vllm_url, "--model", MODEL_NAME)  # fmt: skip
+    try:
+        info = asyncio.run(serve.ready())
+        first, second = tmp_path / "go-1", tmp_path / "go-2"
+        prompts = ["Name a colour.", "Name a fruit.", "Name a tree.", f"Name a bird. wait:{first}",
+                   f"Name a fish. wait:{second}"]  # fmt: skip
+        rows = [slime.Sample(prompt=[{"role": "user", "content": p}], label=f"label-{i}", metadata={"row": i})
+                for i, p in enumerate(prompts)]  # fmt: skip
+        (tmp_path / "eval.jsonl").write_text('{"question": "Name a river.", "answer": "Nile"}\n')
+        args = SimpleNamespace(
+            n_samples_per_prompt=2, rollout_batch_size=2, over_sampling_batch_size=4, partial_rollout=True,
+            polar_url=info["url"], polar_token=info["token"], polar_task=TASK, polar_min_usable_fraction=1.0,
+            input_key="question", label_key="answer", n_samples_per_eval_prompt=2,
+            eval_datasets=[SimpleNamespace(name="rivers", path=str(tmp_path / "eval.jsonl"), input_key=None,
+                                           label_key=None, n_samples_per_eval_prompt=None)],
+        )  # fmt: skip
+        source = slime.DataSource(args, rows)
+        polar = PolarClient(info["url"], info["token"])
+
+        # rollout 0: a batch of 2 of the 3 quick groups; the third and the waiting one go back to the buffer
+        out = slime.call(generate_rollout, args, 0, source, evaluation=False)
+        assert isinstance(out, slime.TrainOutput) and len(out.samples) == 2
+        for group in out.samples:
+            assert len(group) == 2 and {s.group_index for s in group} <= {0, 1, 2}
+            assert len({s.session_id for s in group}) == 2
+            for sample in group:
+                row = rows[sample.metadata["row"]]
+                completion = journaled(data_dir, sample.session_id)
+                assert sample.prompt == row.prompt and sample.label == row.label
+                assert sample.tokens == [*completion.prompt_ids, *completion.response_ids]
+                assert sample.response_length == len(completion.response_ids) > 0
+                assert sample.loss_mask == [1] * sample.response_length
+                assert sample.rollout_log_probs == completion.response_logprobs
+                assert sample.reward == 1.0 and not sample.remove_sample
+                finish = completion.finish_reason
+                assert sample.status == slime.Sample.Status["TRUNCATED" if finish == "length" else "COMPLETED"]
+                assert sample.weight_versions == ["1"]  # one per model call, as slime appends them
+        assert out.metrics["polar/returned_groups"] == 2
+        assert source.get_buffer_length() == 2
+        carried = {group[0].metadata["row"]: group for group in source.buffer}
+        assert set(carried) == {3, ({0, 1, 2} - {g[0].metadata["row"] for g in out.samples}).pop()}
+        waiting = carried[3]
+        assert [s.status for s in waiting] == [slime.Sample.Status.ABORTED] * 2
+        assert all(s.metadata["start_rollout_id"] == 0 and s.response_length == 0 for s in waiting)
+        assert polar.status(waiting[0].metadata[TASK_ID_KEY]).state == "running"  # partial rollout: not cancelled
+        assert polar.inference().paused == "wait"  # slime syncs its weights now
+
+        # rollout 1 pulls 3 groups: the two carried ones rejoin their tasks (not resubmitted), the fish row is new
+        first.touch()
+        args.partial_rollout, args.over_sampling_batch_size = False, 3
+        out = slime.call(generate_rollout, args, 1, source, evaluation=False)
+        assert polar.inference().policy_version == 2
+        assert {group[0].metadata["row"] for group in out.samples} == set(carried)
+        assert out.metrics["polar/reused"] == 2 and out.metrics["polar/submitted"] == 1
+        assert {group[0].metadata[TASK_ID_KEY] for group in out.samples} == {g[0].metadata[TASK_ID_KEY]
+                                                                             for g in carried.values()}  # fmt: skip
+        versions = {s.metadata["row"]: set(s.weight_versions) for group in out.samples for s in group}
+        assert versions[3] == {"2"}  # the waiting row sampled after the resume
+        (cancelled,) = [t for t in polar.ended_tasks() if polar.status(t).state == "cancelled"]
+        assert polar.task_request(cancelled).metadata["row"] == 4  # no partial rollout: dropped, as slime drops it
+        assert out.metrics["polar/cancelled"] == 1 and source.get_buffer_length() == 0
+
+        evaluation = slime.call(eval_rollout, args, 1, source, evaluation=True)
+        assert isinstance(evaluation, slime.EvalOutput)
+        rivers = evaluation.data["rivers"]
+        assert rivers["rewards"] == [1.0, 1.0] and len(rivers["truncated"]) == 2
+        assert all(s.label == "Nile" and s.weight_versions == ["3"] for s in rivers["samples"])
+        polar.close()
+    finally:
+        serve.stop()
