@@ -12,8 +12,9 @@ One training call (rollout ``rollout_id``):
 
 1. Each group the data source hands out (``n_samples_per_prompt`` copies of one row) becomes one Polar task with
    ``num_samples = n_samples_per_prompt`` (:func:`row_task`), submitted to the Polar rollout server through
-   ``PolarClient.groups`` with ``batch_size = rollout_batch_size``: groups are pulled ``over_sampling_batch_size`` at
-   a time, as slime's own rollout does, and at most that many tasks run at once.
+   ``PolarClient.groups`` with ``batch_size = rollout_batch_size``. As slime's own rollout does, a call pulls
+   ``over_sampling_batch_size`` groups at a time until it can fill the batch, submits them all, and pulls again only
+   when dropped groups leave the batch short.
 2. Each usable group comes back as ``n_samples_per_prompt`` slime ``Sample``s (tokens = prompt + response ids,
    ``loss_mask``, ``rollout_log_probs`` as recorded, reward, status, weight versions). A session the group dropped
    (it did not complete, captured nothing trainable, or has no reward) keeps its place as a ``remove_sample=True``

@@ -9,7 +9,8 @@ as slime Samples whose tokens, mask and logprobs are what the gateway journaled;
 waiting one go back to the data source with their Polar task ids (the waiting one ``ABORTED``, its task still
 running), and Polar is paused for slime's weight sync. Rollout 1 (no partial rollout) resumes Polar one version on and
 joins the two carried tasks instead of resubmitting them; the waiting row it submitted itself is cancelled, not
-returned. Evaluation gives slime's ``{name: {rewards, truncated, samples}}``.
+returned. Evaluation gives slime's ``{name: {rewards, truncated, samples}}``. Two quick tests, no server: a row made
+a task, and a group's dropped sessions kept in place as ``remove_sample`` samples.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from types import SimpleNamespace
 import pytest
 
 from polar_cli.client import PolarClient
+from polar_cli.errors import ConfigError
+from polar_cli.groups import DroppedSession, Group
 from polar_cli.models import Completion
 from polar_cli.proxy.journal import read_journal
 from tests.server.procs import Serve, serve_config
 from tests.support.vllm import MODEL_NAME, vllm_model_dir, vllm_url
+from tests.trainers.helpers import make_result, make_trace
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 __all__ = ["vllm_model_dir", "vllm_url"]
 
 STANDIN = Path(__file__).resolve().parents[1] / "support" / "slime_standin"
@@ -73,6 +76,47 @@ def journaled(data_dir: Path, session_id: str) -> Completion:
     return completion
 
 
+def test_a_dropped_session_keeps_its_place_as_a_removed_sample(slime: SimpleNamespace) -> None:
+    from polar_cli.trainers.slime_rollout import group_samples
+
+    rows = [slime.Sample(group_index=3, index=6 + i, prompt="p", label="l", metadata={"row": 3}) for i in range(3)]
+    usable = make_result([make_trace([1, 0, 1], reward=0.5)], session_id="s-0", reward=0.5)
+    timed_out = make_result([make_trace([1, 1])], status="timeout", session_id="s-1", sample_index=1, reward=None)
+    cancelled = make_result([], status="cancelled", session_id="s-2", sample_index=2, reward=None)
+    dropped = [DroppedSession(session_id=r.session_id, sample_index=r.sample_index, cause="not_completed",
+                              detail=r.status, result=r) for r in (timed_out, cancelled)]  # fmt: skip
+    group = Group(task_id="task-1", num_samples=3, results=[usable], rewards=[0.5], dropped=dropped)
+    kept, timeout, empty = group_samples(group, rows)
+    assert kept.status == slime.Sample.Status.COMPLETED and not kept.remove_sample
+    assert (kept.index, kept.group_index, kept.rollout_id, kept.label) == (6, 3, 6, "l")
+    assert kept.tokens == [1, 2, 3, 100, 101, 102] and kept.loss_mask == [1, 0, 1]
+    assert kept.rollout_log_probs == pytest.approx([-0.1, 0.0, -0.3]) and kept.reward == 0.5
+    # the dropped ones: no loss, the usable rewards' mean (the baseline is unchanged), slime's status for the ending
+    assert timeout.remove_sample and timeout.status == slime.Sample.Status.ABORTED and timeout.index == 7
+    assert timeout.loss_mask == [0, 0] and timeout.reward == 0.5
+    assert timeout.metadata["polar_dropped"] == "not_completed"
+    assert empty.remove_sample and empty.response_length == 0 and empty.loss_mask == [] and empty.reward == 0.5
+    assert rows[0].response_length == 0  # the data source's rows are copied, not filled
+
+
+def test_a_row_becomes_a_task(slime: SimpleNamespace) -> None:
+    from polar_cli.trainers.slime_rollout import SlimePolarConfig, row_task
+
+    args = SimpleNamespace(polar_url="http://x", polar_task={**TASK, "instruction": "Solve: {prompt}",
+                                                             "metadata": {"family": "math"}})  # fmt: skip
+    config = SlimePolarConfig.from_args(args)
+    row = slime.Sample(group_index=4, index=8, prompt=[{"role": "system", "content": "be brief"},
+                                                       {"role": "user", "content": "1+1"}],
+                       label="2", metadata={"level": 1, "polar_task": {"timeout_seconds": 60}})  # fmt: skip
+    task = row_task(config, row, num_samples=8, rollout_id=5)
+    assert task.instruction == "Solve: 1+1" and task.num_samples == 8 and task.timeout_seconds == 60
+    assert task.metadata == {"family": "math", "level": 1, "group_id": 4, "rollout_step": 5, "label": "2"}
+    with pytest.raises(ConfigError, match="polar_task"):
+        SlimePolarConfig.from_args(SimpleNamespace())
+
+
+@pytest.mark.vllm
+@pytest.mark.e2e
 def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: SimpleNamespace) -> None:
     from polar_cli.trainers.slime_rollout import TASK_ID_KEY, eval_rollout, generate_rollout
 
