@@ -386,6 +386,13 @@ def rollout_for(args: Any) -> SlimeRollout:
     return _ROLLOUTS[key]
 
 
+def close_rollouts() -> None:
+    """Close the clients the rollout function keeps (slime's process simply exits; tests call this)."""
+    for rollout in _ROLLOUTS.values():
+        rollout.client.close()
+    _ROLLOUTS.clear()
+
+
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's ``--rollout-function-path``: a training rollout (``RolloutFnTrainOutput``), or with ``evaluation``
     the evaluation one (``RolloutFnEvalOutput``)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,11 +119,12 @@ def test_a_row_becomes_a_task(slime: SimpleNamespace) -> None:
 @pytest.mark.vllm
 @pytest.mark.e2e
 def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: SimpleNamespace) -> None:
-    from polar_cli.trainers.slime_rollout import TASK_ID_KEY, eval_rollout, generate_rollout
+    from polar_cli.trainers.slime_rollout import TASK_ID_KEY, close_rollouts, eval_rollout, generate_rollout
 
     data_dir = tmp_path / "polar-data"
     serve = Serve(data_dir, "--port", "0", "--config", str(serve_config(tmp_path, "serve")), "--backend", "vllm",
                   "--backend-url", vllm_url, "--model", MODEL_NAME)  # fmt: skip
+    stack = ExitStack()
     try:
         info = asyncio.run(serve.ready())
         first, second = tmp_path / "go-1", tmp_path / "go-2"
@@ -139,7 +141,7 @@ def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: Simp
                                            label_key=None, n_samples_per_eval_prompt=None)],
         )  # fmt: skip
         source = slime.DataSource(args, rows)
-        polar = PolarClient(info["url"], info["token"])
+        polar = stack.enter_context(PolarClient(info["url"], info["token"]))
 
         # rollout 0: a batch of 2 of the 3 quick groups; the third and the waiting one go back to the buffer
         out = slime.call(generate_rollout, args, 0, source, evaluation=False)
@@ -189,6 +191,7 @@ def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: Simp
         rivers = evaluation.data["rivers"]
         assert rivers["rewards"] == [1.0, 1.0] and len(rivers["truncated"]) == 2
         assert all(s.label == "Nile" and s.weight_versions == ["3"] for s in rivers["samples"])
-        polar.close()
     finally:
+        stack.close()
+        close_rollouts()
         serve.stop()
