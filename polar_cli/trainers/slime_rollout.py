@@ -263,7 +263,10 @@ class SlimeRollout:
         tasks: list[TaskRequest] = []
         reuse = ReuseBuffer()
         while len(tasks) + len(reuse) < need:
-            for group in data_source.get_samples(over):
+            pulled = data_source.get_samples(over)
+            if not pulled:
+                raise ConfigError(f"slime rollout: the data source gave no groups for rollout {rollout_id}")
+            for group in pulled:
                 if len(group) != n:
                     raise ConfigError(f"slime rollout: the data source gave a group of {len(group)} samples; "
                                       f"n_samples_per_prompt is {n}")  # fmt: skip

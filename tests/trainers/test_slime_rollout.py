@@ -1,7 +1,8 @@
 """slime's rollout function (``polar_cli.trainers.slime_rollout``) called the way slime's ``RolloutManager`` calls a
 ``--rollout-function-path`` / ``--eval-function-path`` function (``call_rollout_fn``), with slime's data source and
 ``Sample`` from the test-only stand-in (tests/support/slime_standin: copied from slime 0.3.1, 624b824a, which is not on
-PyPI), against a real ``polar serve`` over the run's shared real vLLM CPU server.
+PyPI), against a real ``polar serve`` over the run's shared real vLLM CPU server. slime's SGLang worker, listed by a
+stand-in of its router's ``/workers`` route, is the same vLLM server under another name, registered into the pool.
 
 Rows: three quick ones (one model call per session) and two that wait for a marker file before their call.
 Rollout 0 (``--partial-rollout``, 4 groups pulled and run at once for a batch of 2): two quick groups make the batch,
@@ -16,10 +17,15 @@ a task, and a group's dropped sessions kept in place as ``remove_sample`` sample
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
-from contextlib import ExitStack
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -70,6 +76,34 @@ def slime(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
     return SimpleNamespace(Sample=Sample, DataSource=RolloutDataSourceWithBuffer, call=call_rollout_fn,
                            TrainOutput=RolloutFnTrainOutput, EvalOutput=RolloutFnEvalOutput)  # fmt: skip
+
+
+@contextmanager
+def sglang_router(workers: list[str]) -> Iterator[ThreadingHTTPServer]:
+    """The one route of SGLang's router that the rollout function reads, ``GET /workers`` (its answer's shape as
+    slime 0.3.1 reads it in ``slime/rollout/sglang_rollout.py``): a stand-in, there is no SGLang on a CPU."""
+
+    class Workers(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"workers": [{"url": url} for url in workers]}).encode()
+            self.send_response(200 if self.path == "/workers" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Workers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def journaled(data_dir: Path, session_id: str) -> Completion:
@@ -125,6 +159,9 @@ def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: Simp
     serve = Serve(data_dir, "--port", "0", "--config", str(serve_config(tmp_path, "serve")), "--backend", "vllm",
                   "--backend-url", vllm_url, "--model", MODEL_NAME)  # fmt: skip
     stack = ExitStack()
+    # slime's SGLang worker, as its router lists it: the same vLLM server under another name
+    engine = vllm_url.replace("127.0.0.1", "localhost")
+    router = stack.enter_context(sglang_router([engine]))
     try:
         info = asyncio.run(serve.ready())
         first, second = tmp_path / "go-1", tmp_path / "go-2"
@@ -136,6 +173,7 @@ def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: Simp
         args = SimpleNamespace(
             n_samples_per_prompt=2, rollout_batch_size=2, over_sampling_batch_size=4, partial_rollout=True,
             polar_url=info["url"], polar_token=info["token"], polar_task=TASK, polar_min_usable_fraction=1.0,
+            polar_register_engines=True, sglang_router_ip="127.0.0.1", sglang_router_port=router.server_port,
             input_key="question", label_key="answer", n_samples_per_eval_prompt=2,
             eval_datasets=[SimpleNamespace(name="rivers", path=str(tmp_path / "eval.jsonl"), input_key=None,
                                            label_key=None, n_samples_per_eval_prompt=None)],
@@ -170,6 +208,8 @@ def test_slime_rollouts_through_polar(vllm_url: str, tmp_path: Path, slime: Simp
         assert all(s.metadata["start_rollout_id"] == 0 and s.response_length == 0 for s in waiting)
         assert polar.status(waiting[0].metadata[TASK_ID_KEY]).state == "running"  # partial rollout: not cancelled
         assert polar.inference().paused == "wait"  # slime syncs its weights now
+        (pool,) = [gateway.pool for gateway in polar.inference().gateways if gateway.pool is not None]
+        assert {replica.url for replica in pool.replicas} == {vllm_url, engine}  # slime's worker, registered once
 
         # rollout 1 pulls 3 groups: the two carried ones rejoin their tasks (not resubmitted), the fish row is new
         first.touch()
