@@ -197,9 +197,16 @@ class SimGateway:
     """A gateway node that runs nothing: it holds each session until released, then reports it completed."""
 
     def __init__(
-        self, name: str, run_slots: int, arrivals: Arrivals, http: aiohttp.ClientSession, limit: asyncio.Semaphore
+        self,
+        name: str,
+        run_slots: int,
+        arrivals: Arrivals,
+        http: aiohttp.ClientSession,
+        limit: asyncio.Semaphore,
+        session_s: float = 0.0,
     ) -> None:
         self.name = name
+        self.session_s = session_s  # once released, how long a session takes before it is reported (bench/fleet.py)
         self.callback_limit = limit  # callbacks in flight from all simulated gateways together
         self.run_slots = run_slots
         self.arrivals = arrivals
@@ -311,6 +318,8 @@ class SimGateway:
         )  # fmt: skip
         body = {"node_id": self.node_id, "session_id": session_id, "attempt": attempt,
                 "result": result.model_dump(mode="json")}  # fmt: skip
+        if self.session_s:
+            await asyncio.sleep(self.session_s)
         async with self.callback_limit:
             for delay in (0.0, 0.5, 1.0, 2.0, 4.0):
                 await asyncio.sleep(delay)
@@ -345,18 +354,18 @@ class Burst:
     """The server's calls that brought them."""
 
 
-def _fleet_child(nodes: int, slots: int, url: str, token: str, conn: Connection) -> None:
+def _fleet_child(nodes: int, slots: int, url: str, token: str, conn: Connection, session_s: float = 0.0) -> None:
     """Child process: ``nodes`` simulated gateways of ``slots`` run slots each, registered at ``url``; does what the
     parent asks over ``conn`` (``Fleet``) until it asks ``close``."""
-    asyncio.run(_fleet_main(nodes, slots, url, token, conn))
+    asyncio.run(_fleet_main(nodes, slots, url, token, conn, session_s))
 
 
-async def _fleet_main(count: int, slots: int, url: str, token: str, conn: Connection) -> None:
+async def _fleet_main(count: int, slots: int, url: str, token: str, conn: Connection, session_s: float) -> None:
     arrivals = Arrivals()
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as http:
         callbacks = asyncio.Semaphore(64)
-        nodes = [SimGateway(f"sim-{i}", slots, arrivals, http, callbacks) for i in range(count)]
+        nodes = [SimGateway(f"sim-{i}", slots, arrivals, http, callbacks, session_s) for i in range(count)]
         await asyncio.gather(*(node.start(url, token) for node in nodes))
         conn.send("started")
         while True:
@@ -384,10 +393,11 @@ class Fleet:
     too they took the same cores' event-loop time as the submissions, and the figures were theirs as much as the
     server's). Arrival times are ``time.perf_counter`` there, the same monotonic clock as here."""
 
-    def __init__(self, nodes: int, slots: int, url: str, token: str) -> None:
+    def __init__(self, nodes: int, slots: int, url: str, token: str, session_s: float = 0.0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_fleet_child, args=(nodes, slots, url, token, child), daemon=True)
+        self.process = ctx.Process(target=_fleet_child, args=(nodes, slots, url, token, child, session_s),
+                                   daemon=True)  # fmt: skip
         self.process.start()
         child.close()
 

@@ -16,7 +16,7 @@ import typer
 import yaml
 
 from polar_cli.cli import build_app
-from tests.support.docs import DOCS, ROOT, Block, all_blocks
+from tests.support.docs import DOCS, ROOT, Block, all_blocks, parse
 
 BLOCKS = all_blocks()
 CODE = [b for b in BLOCKS if b.language in ("bash", "python")]
@@ -59,18 +59,6 @@ def cli() -> Any:
     return typer.main.get_command(build_app())
 
 
-def parse(cli: Any, args: list[str]) -> None:
-    """Parse ``polar ARGS`` as the real CLI would, down to the leaf command, without running it: each group's
-    subcommand is looked up by name, then the leaf parses its options and arguments (callbacks included)."""
-    command, name, rest, ctx = cli, "polar", list(args), None
-    while hasattr(command, "get_command") and rest and not rest[0].startswith("-"):
-        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
-        sub = command.get_command(ctx, rest[0])
-        assert sub is not None, f"no command {rest[0]!r} under {name!r}"
-        command, name, rest = sub, rest[0], rest[1:]
-    command.make_context(name, rest, parent=ctx)
-
-
 @pytest.mark.parametrize("block", SHELL, ids=ids(SHELL))
 def test_polar_commands_in_the_docs_parse(block: Block, cli: Any) -> None:
     for args in polar_segments(block):
@@ -95,7 +83,11 @@ def test_python_blocks_compile_and_import_what_exists(block: Block) -> None:
 
 
 DATA = [b for b in BLOCKS if b.language in ("yaml", "toml", "json")]
-LOADERS: dict[str, Any] = {"yaml": yaml.safe_load, "toml": tomllib.loads, "json": json.loads}
+LOADERS: dict[str, Any] = {
+    "yaml": lambda text: list(yaml.safe_load_all(text)),
+    "toml": tomllib.loads,
+    "json": json.loads,
+}  # a YAML block may hold several documents (manifests)
 
 
 @pytest.mark.parametrize("block", DATA, ids=ids(DATA))

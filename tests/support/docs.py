@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -63,3 +64,16 @@ def code_blocks(path: Path) -> list[Block]:
 
 def all_blocks() -> list[Block]:
     return [block for path in DOCS for block in code_blocks(path)]
+
+
+def parse(cli: Any, args: list[str]) -> Any:
+    """Parse ``polar ARGS`` as the real CLI would, down to the leaf command, without running it: each group's
+    subcommand is looked up by name, then the leaf parses its options and arguments (callbacks included). Returns
+    the leaf's context (its ``params``: the parsed values)."""
+    command, name, rest, ctx = cli, "polar", list(args), None
+    while hasattr(command, "get_command") and rest and not rest[0].startswith("-"):
+        ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)
+        sub = command.get_command(ctx, rest[0])
+        assert sub is not None, f"no command {rest[0]!r} under {name!r}"
+        command, name, rest = sub, rest[0], rest[1:]
+    return command.make_context(name, rest, parent=ctx)
