@@ -13,6 +13,9 @@ The rules (docs/trainers.md, TRAINERS.md):
 - Context: ``Trace.context_exact`` goes with every sample (false for a trace built with ``merge: prompt_prefix``
   whose later turns sit in a re-rendered context: recomputed logprobs there are not the behaviour policy's), where
   each trainer keeps per-sample extras.
+- Versions: each sample carries its completions' policy versions (``policy_versions``) and one version per response
+  token (:func:`token_versions`), beside the recorded logprobs: what a trainer needs to correct the importance ratio
+  of tokens sampled by an older policy (TIS), e.g. under cross-policy sampling.
 """
 
 from __future__ import annotations
@@ -94,7 +97,30 @@ class TraceSample:
             "group_id": self.group_id,
             "context_exact": self.trace.context_exact,
             "advantage": self.advantage,
+            "policy_versions": self.trace.policy_versions.per_completion if self.trace.policy_versions else [],
+            "token_versions": token_versions(self.trace),
         }
+
+
+def token_versions(trace: Trace) -> list[int | None]:
+    """The policy version that sampled each response token (mask-0 tokens get the version of the stretch they lie
+    in), from ``trace.policy_versions``: None where it cannot be told (no versions recorded, or the stretch in which
+    an update fell at a token nobody could tell: a span with ``start`` None)."""
+    versions = trace.policy_versions
+    n = len(trace.response_ids)
+    if versions is None:
+        return [None] * n
+    if not versions.spans:
+        return [versions.oldest if versions.oldest == versions.newest else None] * n
+    out: list[int | None] = [None] * n
+    spans = versions.spans
+    for i, span in enumerate(spans):
+        if span.start is None:
+            continue
+        end = next((s.start for s in spans[i + 1 :] if s.start is not None), n)
+        known = i + 1 == len(spans) or spans[i + 1].start is not None
+        out[span.start : end] = [span.version if known else None] * (end - span.start)
+    return out
 
 
 def sample_status(session_status: TrajectoryStatus, finish_reason: str | None) -> SampleStatus | None:
