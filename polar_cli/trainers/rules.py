@@ -28,6 +28,7 @@ from typing import Any, Literal
 from polar_cli.errors import AdapterError, MissingLogprobError
 from polar_cli.groups import Group
 from polar_cli.models import SessionResult, Trace, TrajectoryStatus
+from polar_cli.models.trace import token_versions as recorded_versions
 
 SampleStatus = Literal["COMPLETED", "TRUNCATED", "ABORTED", "FAILED"]
 """Slime's ``Sample.Status`` names; veRL and TRL have no status field and get it as extra data."""
@@ -105,22 +106,9 @@ class TraceSample:
 def token_versions(trace: Trace) -> list[int | None]:
     """The policy version that sampled each response token (mask-0 tokens get the version of the stretch they lie
     in), from ``trace.policy_versions``: None where it cannot be told (no versions recorded, or the stretch in which
-    an update fell at a token nobody could tell: a span with ``start`` None)."""
-    versions = trace.policy_versions
-    n = len(trace.response_ids)
-    if versions is None:
-        return [None] * n
-    if not versions.spans:
-        return [versions.oldest if versions.oldest == versions.newest else None] * n
-    out: list[int | None] = [None] * n
-    spans = versions.spans
-    for i, span in enumerate(spans):
-        if span.start is None:
-            continue
-        end = next((s.start for s in spans[i + 1 :] if s.start is not None), n)
-        known = i + 1 == len(spans) or spans[i + 1].start is not None
-        out[span.start : end] = [span.version if known else None] * (end - span.start)
-    return out
+    an update fell at a token nobody could tell, where :func:`polar_cli.models.trace.token_versions` lists the
+    candidates)."""
+    return [None if isinstance(v, tuple) else v for v in recorded_versions(trace)]
 
 
 def sample_status(session_status: TrajectoryStatus, finish_reason: str | None) -> SampleStatus | None:
