@@ -5,15 +5,20 @@ real vLLM servers behind ``polar serve``."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import math
 import random
 from collections import Counter
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 
+from polar_cli.commands.inference import pools_table
 from polar_cli.errors import BackendError, ConfigError
 from polar_cli.interfaces.backend import BackendClient
+from polar_cli.models.service import GatewayPool, InferenceStatus
 from polar_cli.models.task import SamplingSpec
 from polar_cli.proxy.cross_policy import StaleSchedule, draws_stale
 from polar_cli.proxy.pool import InferencePool, PoolConfig
@@ -147,3 +152,20 @@ def test_with_no_current_replica_healthy_a_stale_one_stands_in_and_a_pool_of_onl
     run(test)
     with pytest.raises(ConfigError, match="at least one must be current"):
         InferencePool(vllm, [STALE], config=PoolConfig(stale_replicas=[STALE]))
+
+
+def test_polar_inference_status_shows_each_replicas_role_and_version() -> None:
+    async def loaded_once() -> InferenceStatus:
+        pool, _ = weights_pool()
+        try:
+            await pool.load_weights("/ckpt/1")
+            return InferenceStatus(policy_version=2, gateways=[GatewayPool(node_id="n1", url="http://n1",
+                                                                           pool=pool.status())])  # fmt: skip
+        finally:
+            await pool.close()
+
+    out = io.StringIO()
+    Console(file=out, width=200).print(pools_table(asyncio.run(loaded_once())))
+    rows = {cells[3].strip(): [c.strip() for c in cells[4:6]] for line in out.getvalue().splitlines()
+            if "http://" in line and len(cells := line.split("│")) > 6}  # fmt: skip
+    assert rows == {CURRENT: ["current", "2"], STALE: ["stale", "1"]}
