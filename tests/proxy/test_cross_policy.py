@@ -21,7 +21,7 @@ from polar_cli.interfaces.backend import BackendClient
 from polar_cli.models.service import GatewayPool, InferenceStatus
 from polar_cli.models.task import SamplingSpec
 from polar_cli.proxy.cross_policy import StaleSchedule, draws_stale
-from polar_cli.proxy.pool import InferencePool, PoolConfig
+from polar_cli.proxy.pool import InferencePool, PoolConfig, rank_replicas
 
 from .test_pool import FAST, Weights, chat, replicas, run, vllm
 
@@ -169,3 +169,22 @@ def test_polar_inference_status_shows_each_replicas_role_and_version() -> None:
     rows = {cells[3].strip(): [c.strip() for c in cells[4:6]] for line in out.getvalue().splitlines()
             if "http://" in line and len(cells := line.split("│")) > 6}  # fmt: skip
     assert rows == {CURRENT: ["current", "2"], STALE: ["stale", "1"]}
+
+
+def test_group_affinity_places_a_cross_policy_groups_sessions_on_current_replicas_only() -> None:
+    async def test() -> None:
+        urls = ["http://c1:1", "http://c2:1", STALE]
+        config = FAST.model_copy(update={"stale_replicas": [STALE]})
+        pool = InferencePool(Weights, urls, config=config, rng=random.Random(3))
+        try:
+            home = rank_replicas("task-9", ["http://c1:1", "http://c2:1"], key=str)[0]
+            for i in range(4):
+                await pool.open_session(f"s{i}", {}, group="task-9", stale_fraction=0.5)
+            answered = [(await pool.generate(chat(), session_id=f"s{i}")).replica for i in range(4) for _ in range(20)]
+            assert set(answered) == {home, STALE}  # each call: the group's current replica, or the stale one
+            assert {r.url: r.sessions for r in pool.status().replicas} == {"http://c1:1": 0, "http://c2:1": 0} | {
+                home: 4, STALE: 0}  # fmt: skip
+        finally:
+            await pool.close()
+
+    run(test)
