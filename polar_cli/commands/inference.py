@@ -43,29 +43,32 @@ _STATES: dict[ReplicaState, str] = {"healthy": "green", "unhealthy": "red", "dra
 
 
 def pools_table(status: InferenceStatus) -> Group:
-    """The policy version and pause, then one row per gateway and replica: state, calls in flight and answered,
-    errors, pinned sessions, the last error."""
+    """The policy version and pause, then one row per gateway and replica: its role and the version of the weights it
+    serves (a stale replica's lags), state, calls in flight and answered, errors, pinned sessions, the last error."""
     paused = f"[yellow]paused ({status.paused})[/yellow]" if status.paused else "[green]sampling[/green]"
     head = f"policy version {status.policy_version}, {paused}"
     table = Table(title="inference pools")
     counts = ("in flight", "waiting", "calls", "errors", "sessions")
-    for column in ("gateway", "version", "replica", "state", *counts, "last error"):
+    for column in ("gateway", "version", "replica", "role", "serves", "state", *counts, "last error"):
         table.add_column(column, justify="right" if column in counts else "left")
     for gateway in status.gateways:
         pool = gateway.pool
         if pool is None:
-            table.add_row(gateway.node_id, "-", "-", "[red]no answer[/red]", *["-"] * len(counts),
+            table.add_row(gateway.node_id, "-", "-", "-", "-", "[red]no answer[/red]", *["-"] * len(counts),
                           escape(gateway.error or ""))  # fmt: skip
             continue
         version = f"{pool.policy_version}" + (f" (paused: {pool.paused})" if pool.paused else "")
         if not pool.replicas:
-            table.add_row(gateway.node_id, version, "-", "-", str(pool.in_flight), str(pool.waiting), "-", "-", "-", "")
+            table.add_row(gateway.node_id, version, "-", "-", "-", "-", str(pool.in_flight), str(pool.waiting),
+                          "-", "-", "-", "")  # fmt: skip
         for i, replica in enumerate(pool.replicas):
             color = _STATES.get(replica.state, "white")
             table.add_row(
                 gateway.node_id if i == 0 else "",
                 version if i == 0 else "",
                 escape(replica.url),
+                replica.role if replica.role == "current" else f"[yellow]{replica.role}[/yellow]",
+                "-" if replica.policy_version is None else str(replica.policy_version),
                 f"[{color}]{replica.state}[/{color}]",
                 str(replica.in_flight),
                 str(pool.waiting) if i == 0 else "",

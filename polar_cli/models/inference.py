@@ -22,6 +22,11 @@ ReplicaState = Literal["healthy", "unhealthy", "draining"]
 """``healthy``: in rotation. ``unhealthy``: a call failed to reach it; out of rotation until a health check answers.
 ``draining``: being removed; its calls in flight finish, no new call goes to it."""
 
+ReplicaRole = Literal["current", "stale"]
+"""``current``: takes every weight update, serves every model call. ``stale``: takes only every
+``PoolConfig.stale_period``-th update (so it lags behind), and serves only the calls of tasks that ask for
+cross-policy sampling (``agent.sampling.stale_fraction``)."""
+
 LogprobsMode = Literal["raw", "processed"]
 """Which distribution a server's logprobs come from: ``raw`` (the model's, before temperature/top-p/top-k: vLLM's
 default ``raw_logprobs``) or ``processed`` (the distribution actually sampled from: ``processed_logprobs``)."""
@@ -66,6 +71,10 @@ class ReplicaStatus(BaseModel):
     errors: NonNegativeInt = Field(default=0, description="calls that failed on it (retried elsewhere if possible)")
     last_error: str | None = None
     sessions: NonNegativeInt = Field(default=0, description="sessions pinned to it (session affinity)")
+    role: ReplicaRole = "current"
+    policy_version: int | None = Field(
+        default=None, description="the policy version of the weights it serves (a stale replica's lags behind)"
+    )
 
 
 class PoolStatus(BaseModel):

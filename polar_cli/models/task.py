@@ -60,7 +60,8 @@ class RuntimeSpec(StrictModel):
 class SamplingSpec(StrictModel):
     """``agent.sampling``: what the proxy forces on every model call of the task's sessions, whatever the harness
     asked. ``temperature``, ``top_p``, ``top_k`` and ``seed`` replace the harness's values; ``max_tokens`` is a cap (the
-    smaller of it and the harness's value, or the cap when the harness sent none). Unset fields leave the harness's."""
+    smaller of it and the harness's value, or the cap when the harness sent none). Unset fields leave the harness's.
+    ``stale_fraction`` chooses the replica each call goes to (cross-policy sampling), not how it samples."""
 
     temperature: float | None = Field(default=None, strict=True, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, strict=True, gt=0, le=1)
@@ -69,6 +70,11 @@ class SamplingSpec(StrictModel):
         default=None, strict=True, ge=1, le=MAX_COUNT, description="a cap on each call's sampled tokens"
     )
     seed: int | None = Field(default=None, strict=True, ge=-(2**63), lt=2**63)
+    stale_fraction: float | None = Field(
+        default=None, strict=True, ge=0, le=1,
+        description="cross-policy sampling: each model call goes to a stale replica of the pool with this "
+        "probability (a fresh draw per call), else to a current one (docs/proxy.md, \"Cross-policy sampling\")",
+    )  # fmt: skip
 
     @field_validator("top_k")
     @classmethod

@@ -47,6 +47,36 @@ class PolicyVersions(BaseModel):
     )
 
 
+TokenVersion = int | None | tuple[int, ...]
+"""A response token's policy version: None where none was recorded, a tuple of candidates where a call crossed a
+weight update at a token nobody could tell."""
+
+
+def token_versions(trace: Trace) -> list[TokenVersion]:
+    """Each response token's policy version, from ``trace.policy_versions`` (its ``spans`` where it has them)."""
+    n = len(trace.response_ids)
+    pv = trace.policy_versions
+    if pv is None:
+        return [None] * n
+    if not pv.spans:
+        return [pv.oldest] * n
+    spans = pv.spans
+    out: list[TokenVersion] = [tuple(s.version for s in spans)] * n  # no known start at all: any of them
+    starts = [i for i, s in enumerate(spans) if s.start is not None]
+    for k, i in enumerate(starts):
+        nxt = starts[k + 1] if k + 1 < len(starts) else len(spans)
+        begin, end = spans[i].start or 0, spans[nxt].start if nxt < len(spans) else n
+        candidates = tuple(s.version for s in spans[i:nxt])
+        value: TokenVersion = candidates[0] if len(candidates) == 1 else candidates
+        for j in range(min(begin, n), min(end or 0, n)):
+            out[j] = value
+    if starts:
+        before = tuple(s.version for s in spans[: starts[0]]) or (spans[0].version,)
+        for j in range(min(spans[starts[0]].start or 0, n)):
+            out[j] = before if len(before) > 1 else before[0]
+    return out[:n]
+
+
 ChainRole = Literal["main", "subagent", "side"]
 """Who a trace's tokens served (docs/builders.md, "Chain roles"): ``main`` the session's own conversation,
 ``subagent`` a conversation the main agent started to do part of the task (a Task/sub-agent tool), ``side`` calls the

@@ -9,13 +9,18 @@
   replicas by rendezvous hashing (stable across gateways, and as replicas join or leave), and a new session takes
   the first in its ranking whose calls in flight exceed the least-loaded healthy replica's by at most
   ``PoolConfig.affinity_margin`` (beyond it, the group spills over to its next replica).
+- **Cross-policy sampling** (:mod:`polar_cli.proxy.cross_policy`). Stale replicas (``PoolConfig.stale_replicas``)
+  take only every ``stale_period``-th weight load and serve only sessions opened with a ``stale_fraction``: each call
+  of such a session goes to a stale replica with that probability (least loaded, never pinned), else to the current
+  replicas as above. Sessions and group affinity place only on current replicas.
 - **Failover.** A call that cannot reach its replica (refused, reset, timed out, 502/503/504) takes that replica out
   of rotation and is tried again on another one within the call's retry budget: the harness sees no error. A health
   check (``GET /v1/models``) re-admits it when it answers again.
 - **Pause and resume.** While paused, new model calls wait at the proxy (they are never refused); ``wait`` returns
   once no call is in flight, ``keep`` freezes the calls in flight on their replicas (the server's own keep-mode
   pause). ``resume`` sets the policy version the next calls are sampled under.
-- **Versions.** Each Generation carries the version it was sampled under, the replica that answered and, when the
+- **Versions.** Each replica serves a version (a stale one's lags behind the pool's); each Generation carries the
+  version of the replica that sampled it, the replica that answered and, when the
   call was in flight across a version change, the version spans of its tokens (exact for streamed calls: the pool
   counts the tokens it relays).
 - **Run-time changes.** ``add`` and ``remove`` (drain: the replica's calls in flight finish first), ``load_weights``
@@ -29,9 +34,9 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import Field
@@ -45,11 +50,12 @@ from polar_cli.models.inference import (
     INITIAL_POLICY_VERSION,
     PauseMode,
     PoolStatus,
-    ReplicaState,
-    ReplicaStatus,
+    ReplicaRole,
     VersionSpan,
     replica_key,
 )
+from polar_cli.proxy.cross_policy import StaleSchedule, draws_stale
+from polar_cli.proxy.replica import Flight, PooledStream, Replica
 from polar_cli.proxy.retry import RetryConfig, with_retries
 
 log = logging.getLogger("polar.proxy.pool")
@@ -78,90 +84,14 @@ class PoolConfig(StrictModel):
         "least-loaded healthy replica's by at most this many; beyond it the session spills over to the group's next "
         "replica",
     )
-
-
-@dataclass(eq=False)
-class _Flight:
-    """One call in flight on a replica: the versions its tokens were sampled under, as they changed."""
-
-    replica: _Replica
-    session_id: str
-    version: int
-    streamed: bool = False
-    tokens: int = 0
-    boundaries: list[tuple[int | None, int]] = field(default_factory=list)
-    interrupt: asyncio.Event | None = None
-    """A token-mode call: set to stop it where it is (an abort-mode pause)."""
-
-    def __post_init__(self) -> None:
-        self.boundaries.append((0, self.version))
-
-    def crossed(self, version: int) -> None:
-        if version != self.boundaries[-1][1]:
-            self.boundaries.append((self.tokens if self.streamed else None, version))
-
-    def stamp(self, generation: Generation) -> None:
-        generation.policy_version = self.version
-        generation.replica = self.replica.url
-        if len(self.boundaries) > 1:
-            generation.version_spans = [VersionSpan(start=start, version=v) for start, v in self.boundaries]
-        if generation.logprobs_mode is None:
-            generation.logprobs_mode = self.replica.client.logprobs_mode
-
-
-@dataclass(eq=False)
-class _Replica:
-    url: str | None
-    client: BackendClient
-    state: ReplicaState = "healthy"
-    calls: int = 0
-    errors: int = 0
-    last_error: str | None = None
-    flights: set[_Flight] = field(default_factory=set)
-    sessions: set[str] = field(default_factory=set)
-    frozen: bool = False
-    """Its server holds our calls with a keep-mode pause (to undo on resume)."""
-    chosen_at: int = 0
-    """When it was last given a new session (the pool's count of sessions placed): ties go to the longest unchosen,
-    so sessions that arrive one at a time still spread over the replicas."""
-
-    def status(self) -> ReplicaStatus:
-        return ReplicaStatus(url=self.url or "(in process)", state=self.state, in_flight=len(self.flights),
-                             calls=self.calls, errors=self.errors, last_error=self.last_error,
-                             sessions=len(self.sessions))  # fmt: skip
-
-    def where(self) -> str:
-        return self.url or self.client.name or type(self.client).__name__
-
-
-class PooledStream:
-    """A replica's upstream stream, counted as in flight until it ends; it counts the token ids it relays so that a
-    version change mid-stream is placed exactly."""
-
-    def __init__(self, pool: InferencePool, flight: _Flight, inner: UpstreamStream) -> None:
-        self._pool = pool
-        self.flight = flight
-        self._inner = inner
-
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        try:
-            async for chunk in self._inner.chunks():
-                choices = chunk.get("choices")
-                if choices and isinstance(choices, list) and isinstance(choices[0], dict):
-                    ids = choices[0].get("token_ids")
-                    if isinstance(ids, list):
-                        self.flight.tokens += len(ids)
-                yield chunk
-        finally:
-            self._pool._land(self.flight)
-
-    def abort(self) -> None:
-        self._inner.abort()
-        self._pool._land(self.flight)
-
-    def stamp(self, generation: Generation) -> None:
-        """Put the call's version, version spans and replica on the generation the stream was assembled into."""
-        self.flight.stamp(generation)
+    stale_replicas: list[str] = Field(
+        default_factory=list,
+        description="replica URLs that are stale: they take only every stale_period-th weight load and serve only "
+        "the model calls that tasks with agent.sampling.stale_fraction send them (cross-policy sampling)",
+    )
+    stale_period: int = Field(
+        default=2, ge=1, description="the stale replicas take the stale_period-th, 2*stale_period-th, ... weight load"
+    )
 
 
 def rank_replicas(group: str, replicas: Sequence[_R], *, key: Callable[[_R], str]) -> list[_R]:
@@ -188,14 +118,23 @@ class InferencePool(BackendClient):
         timeout_s: float = 600.0,
         config: PoolConfig | None = None,
         policy_version: int = INITIAL_POLICY_VERSION,
+        rng: random.Random | None = None,
     ) -> None:
+        """``rng``: the cross-policy draws' (a seeded one makes them repeatable)."""
         if not urls:
             raise ConfigError("an inference pool needs at least one backend URL")
         self._make_client = make_client
         self.retry = retry or RetryConfig(attempts=1)
         self.timeout_s = timeout_s
         self.config = config or PoolConfig()
-        self._replicas: list[_Replica] = []
+        self._version = policy_version
+        self._stale = {replica_key(url) for url in self.config.stale_replicas}
+        self._schedule = StaleSchedule(self.config.stale_period)
+        self._rng = rng or random.Random()
+        self._fractions: dict[str, float] = {}
+        """Session id → its stale_fraction (sessions with cross-policy sampling only)."""
+        self._stale_warned = False
+        self._replicas: list[Replica] = []
         for url in urls:
             self._replicas.append(self._new_replica(url))
         first = self._replicas[0].client
@@ -204,7 +143,8 @@ class InferencePool(BackendClient):
         self.streams_token_ids = first.streams_token_ids  # type: ignore[misc]
         self.token_in = first.token_in  # type: ignore[misc]
         self.logprobs_mode = first.logprobs_mode
-        self._version = policy_version
+        if self._replicas and all(r.role == "stale" for r in self._replicas):
+            raise ConfigError("proxy.pool.stale_replicas lists every replica of the pool: at least one must be current")
         self._paused: PauseMode | None = None
         self._open = asyncio.Event()
         self._open.set()
@@ -212,7 +152,7 @@ class InferencePool(BackendClient):
         self._changed = asyncio.Condition()
         self._watchers = 0
         """Pauses and drains waiting for calls to land: only then does a landing wake anyone."""
-        self._affinity: dict[str, _Replica] = {}
+        self._affinity: dict[str, Replica] = {}
         self._groups: dict[str, str] = {}
         """Session id → its group (the task it samples for): what group affinity ranks replicas by."""
         self._placed = 0
@@ -232,11 +172,12 @@ class InferencePool(BackendClient):
         pool._make_client = no_more
         return pool
 
-    def _new_replica(self, url: str | None) -> _Replica:
+    def _new_replica(self, url: str | None) -> Replica:
         key = replica_key(url) if url is not None else None
         if key is not None and any(r.url == key for r in self._replicas):
             raise ConfigError(f"backend {key} is in the pool twice")
-        return _Replica(url=key, client=self._make_client(key))
+        role: ReplicaRole = "stale" if key in self._stale else "current"
+        return Replica(url=key, client=self._make_client(key), version=self._version, role=role)
 
     # ---- what the trainer sees ------------------------------------------------------------------------------------
 
@@ -317,8 +258,13 @@ class InferencePool(BackendClient):
         (whoever paused it resumes it: the rollout server, once every gateway sharing these replicas has reloaded).
         A pool with a replica that cannot reload (the scripted backend, an OpenAI-compatible server) is refused with
         PoolControlError (409) before anything is paused. A reload that fails leaves the pool paused and raises
-        BackendError naming each replica that failed, and saying that the pool stays paused and why."""
+        BackendError naming each replica that failed, and saying that the pool stays paused and why.
+
+        Stale replicas take only every ``stale_period``-th load (:class:`StaleSchedule`); on the others they are left
+        out and keep their version. ``urls`` ``[]`` reloads nothing but counts the load (the rollout server's plan: a
+        replica several gateways share is reloaded through one, and each counts it)."""
         targets = self._replicas if urls is None else [self._find(url) for url in urls]
+        stale_too = self._schedule.takes_next()
         fixed = [r for r in targets if not r.client.reloads_weights]
         if fixed:
             names = ", ".join(sorted({f"the {r.client.name or type(r.client).__name__} backend" for r in fixed}))
@@ -330,15 +276,19 @@ class InferencePool(BackendClient):
         if self._paused is None:
             await self.pause("wait", timeout_s)
         # paused in keep mode: the calls frozen on the servers are recomputed under the new weights after the resume
-        failures = await asyncio.gather(*(self._reload(r, path, timeout_s) for r in targets))
+        loading = [r for r in targets if stale_too or r.role == "current"]
+        failures = await asyncio.gather(*(self._reload(r, path, timeout_s) for r in loading))
         failed = [f for f in failures if f is not None]
         if failed:
             raise BackendError(
-                f"loading weights from {path} failed on {len(failed)} of {len(targets)} replica(s): "
+                f"loading weights from {path} failed on {len(failed)} of {len(loading)} replica(s): "
                 + "; ".join(failed) + ". The pool stays paused: load again (a failed reload may leave a server without "
                 "usable weights: vLLM's does, so resuming on it is not safe)",
                 status=502,
             )  # fmt: skip
+        self._schedule.loaded()
+        for replica in self._replicas:
+            replica.held = replica.role == "stale" and not stale_too
         if paused_before:
             return self.status()
         return await self.resume(policy_version)
@@ -392,7 +342,7 @@ class InferencePool(BackendClient):
         if request.token_prompt is not None:
             return await self._generate_resumable(request, session_id)
 
-        async def once(replica: _Replica, flight: _Flight) -> Generation:
+        async def once(replica: Replica, flight: Flight) -> Generation:
             try:
                 generation = await replica.client.generate(request, session_id=session_id)
             finally:
@@ -413,7 +363,7 @@ class InferencePool(BackendClient):
             attempt = dataclasses.replace(prompt, sampled=sampled if sampled.ids else None, interrupt=asyncio.Event())
             call = dataclasses.replace(request, token_prompt=attempt)
 
-            async def once(replica: _Replica, flight: _Flight, call: ChatRequest = call) -> Generation:
+            async def once(replica: Replica, flight: Flight, call: ChatRequest = call) -> Generation:
                 flight.interrupt = call.token_prompt.interrupt if call.token_prompt is not None else None
                 try:
                     generation = await replica.client.generate(call, session_id=session_id)
@@ -443,13 +393,13 @@ class InferencePool(BackendClient):
         return generation
 
     async def open_stream(self, request: ChatRequest, *, session_id: str) -> UpstreamStream:
-        async def once(replica: _Replica, flight: _Flight) -> UpstreamStream:
+        async def once(replica: Replica, flight: Flight) -> UpstreamStream:
             try:
                 inner = await replica.client.open_stream(request, session_id=session_id)
             except BaseException:
                 self._land(flight)
                 raise
-            return PooledStream(self, flight, inner)
+            return PooledStream(self._land, flight, inner)
 
         return await self._call(session_id, True, once)
 
@@ -486,16 +436,26 @@ class InferencePool(BackendClient):
             if err is not None:
                 log.warning("replica out of rotation until it answers: %s", err)
 
-    async def open_session(self, session_id: str, options: Mapping[str, Any], *, group: str | None = None) -> None:
+    async def open_session(
+        self, session_id: str, options: Mapping[str, Any], *, group: str | None = None,
+        stale_fraction: float | None = None,
+    ) -> None:  # fmt: skip
         """``group``: the session samples for this group (``sessions.affinity_group``); a group's sessions prefer one
-        replica."""
+        replica. ``stale_fraction``: each of its calls goes to a stale replica with this probability."""
         if group is not None:
             self._groups[session_id] = group
+        if stale_fraction:
+            self._fractions[session_id] = stale_fraction
+            if not self._stale_warned and not any(r.role == "stale" for r in self._replicas):
+                self._stale_warned = True
+                log.warning("a task asks for cross-policy sampling (stale_fraction %g) but this pool has no stale "
+                            "replica (proxy.pool.stale_replicas): its calls go to the current ones", stale_fraction)
         for replica in list(self._replicas):
             await replica.client.open_session(session_id, options)
 
     async def close_session(self, session_id: str) -> None:
         self._groups.pop(session_id, None)
+        self._fractions.pop(session_id, None)
         pinned = self._affinity.pop(session_id, None)
         if pinned is not None:
             pinned.sessions.discard(session_id)
@@ -514,12 +474,12 @@ class InferencePool(BackendClient):
 
     # ---- routing and failover -------------------------------------------------------------------------------------
 
-    async def _call(self, session_id: str, streamed: bool, once: Callable[[_Replica, _Flight], Any]) -> Any:
+    async def _call(self, session_id: str, streamed: bool, once: Callable[[Replica, Flight], Any]) -> Any:
         """One call: wait while paused, pick a replica, run ``once`` on it. A failure that says the replica cannot
         serve takes it out of rotation and the call goes straight to another healthy replica; other transient
         failures are retried with backoff (``with_retries``: the retry budget and the session's deadline)."""
         self._ensure_health_loop()
-        failed: set[_Replica] = set()
+        failed: set[Replica] = set()
         tries = 0
 
         async def attempt(budget_s: float) -> Any:
@@ -550,18 +510,25 @@ class InferencePool(BackendClient):
 
         return await with_retries(attempt, self.retry, timeout_s=self.timeout_s, what="the inference pool")
 
-    def _count(self, replica: _Replica, code: int, streamed: bool, began: float, retry: bool) -> None:
+    def _count(self, replica: Replica, code: int, streamed: bool, began: float, retry: bool) -> None:
         if self.metrics is not None:
             self.metrics.upstream(replica_label(replica.url), code, streamed, time.monotonic() - began, retry)
 
-    def _pick(self, session_id: str, failed: set[_Replica]) -> _Replica:
-        """The session's replica while it is healthy; else its group's replica (:meth:`_for_group`); else the healthy
-        replica with the fewest calls in flight (then the fewest sessions, then the longest unchosen); with none
-        healthy, the one that failed least recently, to try anyway."""
+    def _pick(self, session_id: str, failed: set[Replica]) -> Replica:
+        """A session with cross-policy sampling: a stale replica (the least loaded healthy one, not pinned) when its
+        draw says so. Else the session's replica while it is healthy; else its group's replica (:meth:`_for_group`);
+        else the healthy replica with the fewest calls in flight (then the fewest sessions, then the longest
+        unchosen): current replicas only, unless none of them is healthy; with none healthy, the one that failed
+        least recently, to try anyway."""
+        healthy = [r for r in self._replicas if r.state == "healthy" and r not in failed]
+        if session_id in self._fractions and draws_stale(self._rng, self._fractions[session_id]):
+            stale = [r for r in healthy if r.role == "stale"]
+            if stale:
+                return min(stale, key=lambda r: (len(r.flights), r.calls))
         pinned = self._affinity.get(session_id) if session_id else None
         if pinned is not None and pinned.state == "healthy" and pinned not in failed and pinned in self._replicas:
             return pinned
-        healthy = [r for r in self._replicas if r.state == "healthy" and r not in failed]
+        healthy = [r for r in healthy if r.role == "current"] or healthy
         if healthy:
             group = self._groups.get(session_id) if session_id else None
             best = self._for_group(group, healthy) if group is not None else None
@@ -573,7 +540,7 @@ class InferencePool(BackendClient):
             if not candidates:
                 raise BackendError("the inference pool has no replica to send the call to", status=503)
             best = min(candidates, key=lambda r: len(r.flights))
-        if session_id:
+        if session_id and best.role == "current":  # a stale replica stood in for the current ones: not pinned
             if pinned is not None:
                 pinned.sessions.discard(session_id)
             self._affinity[session_id] = best
@@ -582,13 +549,13 @@ class InferencePool(BackendClient):
             best.chosen_at = self._placed
         return best
 
-    def _for_group(self, group: str, healthy: list[_Replica]) -> _Replica | None:
+    def _for_group(self, group: str, healthy: list[Replica]) -> Replica | None:
         """The first replica in ``group``'s ranking whose calls in flight exceed the least-loaded one's by at most
         ``affinity_margin`` (None: affinity is off, or there is no choice to make)."""
         if not self.config.group_affinity or len(healthy) < 2:
             return None
         bound = min(len(r.flights) for r in healthy) + self.config.affinity_margin
-        ranked = rank_replicas(group, healthy, key=_Replica.where)
+        ranked = rank_replicas(group, healthy, key=Replica.where)
         chosen = next(r for r in ranked if len(r.flights) <= bound)
         if self.metrics is not None:
             self.metrics.group_placed(spilled=chosen is not ranked[0])
@@ -603,12 +570,12 @@ class InferencePool(BackendClient):
         finally:
             self._waiting -= 1
 
-    def _take_off(self, replica: _Replica, session_id: str, streamed: bool) -> _Flight:
-        flight = _Flight(replica=replica, session_id=session_id, version=self._version, streamed=streamed)
+    def _take_off(self, replica: Replica, session_id: str, streamed: bool) -> Flight:
+        flight = Flight(replica=replica, session_id=session_id, version=replica.version, streamed=streamed)
         replica.flights.add(flight)
         return flight
 
-    def _land(self, flight: _Flight) -> None:
+    def _land(self, flight: Flight) -> None:
         """The call ended (answered, failed or aborted): no longer in flight. Safe to call twice."""
         replica = flight.replica
         if flight in replica.flights:
@@ -632,19 +599,19 @@ class InferencePool(BackendClient):
         with contextlib.suppress(RuntimeError):  # no running loop (interpreter shutdown): nobody waits
             asyncio.get_running_loop().create_task(wake())
 
-    def _mark_unhealthy(self, replica: _Replica, exc: BaseException) -> None:
+    def _mark_unhealthy(self, replica: Replica, exc: BaseException) -> None:
         if replica.state == "healthy":
             log.warning("backend %s out of rotation: %s", replica.url, exc)
             replica.state = "unhealthy"
         self._unpin(replica)
 
-    def _unpin(self, replica: _Replica) -> None:
+    def _unpin(self, replica: Replica) -> None:
         for session_id in replica.sessions:
             if self._affinity.get(session_id) is replica:
                 del self._affinity[session_id]
         replica.sessions.clear()
 
-    def _find(self, url: str) -> _Replica:
+    def _find(self, url: str) -> Replica:
         key = replica_key(url)
         for replica in self._replicas:
             if replica.url == key:
@@ -664,14 +631,16 @@ class InferencePool(BackendClient):
     # ---- versions and the servers' own pause ----------------------------------------------------------------------
 
     def _set_version(self, version: int) -> None:
-        if version != self._version:
-            for replica in self._replicas:
+        """The pool samples under ``version`` from now on: every replica but a held stale one serves it."""
+        self._version = version
+        for replica in self._replicas:
+            if not replica.held and replica.version != version:
+                replica.version = version
                 for flight in replica.flights:
                     flight.crossed(version)
-            self._version = version
 
     async def _freeze(self, timeout_s: float) -> None:
-        async def freeze(replica: _Replica) -> None:
+        async def freeze(replica: Replica) -> None:
             if replica.frozen or replica.state == "unhealthy":
                 return
             try:
@@ -682,7 +651,7 @@ class InferencePool(BackendClient):
         await asyncio.gather(*(freeze(r) for r in self._replicas))
 
     async def _thaw(self) -> None:
-        async def thaw(replica: _Replica) -> None:
+        async def thaw(replica: Replica) -> None:
             if not replica.frozen:
                 return
             try:
@@ -693,7 +662,7 @@ class InferencePool(BackendClient):
 
         await asyncio.gather(*(thaw(r) for r in self._replicas))
 
-    async def _reload(self, replica: _Replica, path: str, timeout_s: float) -> str | None:
+    async def _reload(self, replica: Replica, path: str, timeout_s: float) -> str | None:
         try:
             await replica.client.reload_weights(path, timeout_s)
         except BackendError as exc:
@@ -702,7 +671,7 @@ class InferencePool(BackendClient):
 
     # ---- health ---------------------------------------------------------------------------------------------------
 
-    async def _probe(self, replica: _Replica, timeout_s: float) -> BackendError | None:
+    async def _probe(self, replica: Replica, timeout_s: float) -> BackendError | None:
         try:
             await replica.client.preflight(timeout_s)
         except BackendError as exc:
@@ -711,7 +680,7 @@ class InferencePool(BackendClient):
             return exc
         return None
 
-    async def _check(self, replica: _Replica) -> None:
+    async def _check(self, replica: Replica) -> None:
         """Ask one replica; it is healthy exactly when it answers (a draining one stays draining)."""
         if replica.url is None or replica.state == "draining":
             return

@@ -211,7 +211,9 @@ class SessionRegistry:
         mode = token_mode or self.token_mode
         if mode == "tokens" and not self.backend.token_in:
             raise ConfigError(no_token_in(self.backend.name or type(self.backend).__name__))
-        await self.backend.open_session(session_id, options, group=affinity_group(metadata))
+        stale_fraction = sampling.stale_fraction if sampling is not None else None
+        await self.backend.open_session(session_id, options, group=affinity_group(metadata),
+                                        stale_fraction=stale_fraction)  # fmt: skip
         session = Session(session_id, secrets.token_urlsafe(24), metadata, time.time(), sampling=sampling,
                           token_mode=mode, keep_reasoning=keep_reasoning)  # fmt: skip
         if mode == "tokens":

@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from polar_cli.errors import ConfigError
-from polar_cli.models import Trace
+from polar_cli.models.trace import TokenVersion, token_versions
 from polar_cli.proxy import reshaping
 from polar_cli.recompute.inputs import LoadedTrace
 from polar_cli.recompute.logprobs import CHUNK_SIZE
@@ -134,36 +134,6 @@ class _Plan:
     versions: dict[int, int | None] = field(default_factory=dict)
     recomputed: dict[int, float] = field(default_factory=dict)
     reason: str | None = None
-
-
-TokenVersion = int | None | tuple[int, ...]
-"""A response token's policy version: None where none was recorded, a tuple of candidates where a call crossed a
-weight update at a token nobody could tell."""
-
-
-def token_versions(trace: Trace) -> list[TokenVersion]:
-    """Each response token's policy version, from ``trace.policy_versions`` (its ``spans`` where it has them)."""
-    n = len(trace.response_ids)
-    pv = trace.policy_versions
-    if pv is None:
-        return [None] * n
-    if not pv.spans:
-        return [pv.oldest] * n
-    spans = pv.spans
-    out: list[TokenVersion] = [tuple(s.version for s in spans)] * n  # no known start at all: any of them
-    starts = [i for i, s in enumerate(spans) if s.start is not None]
-    for k, i in enumerate(starts):
-        nxt = starts[k + 1] if k + 1 < len(starts) else len(spans)
-        begin, end = spans[i].start or 0, spans[nxt].start if nxt < len(spans) else n
-        candidates = tuple(s.version for s in spans[i:nxt])
-        value: TokenVersion = candidates[0] if len(candidates) == 1 else candidates
-        for j in range(min(begin, n), min(end or 0, n)):
-            out[j] = value
-    if starts:
-        before = tuple(s.version for s in spans[: starts[0]]) or (spans[0].version,)
-        for j in range(min(spans[starts[0]].start or 0, n)):
-            out[j] = before if len(before) > 1 else before[0]
-    return out[:n]
 
 
 def _model_for(version: TokenVersion, models: Mapping[int | None, Path], ref: str) -> tuple[Path | None, int | None]:

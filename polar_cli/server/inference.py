@@ -156,16 +156,17 @@ class InferenceControl:
 
     async def load_weights(self, body: LoadWeightsBody) -> InferenceStatus:
         """Every gateway pauses (``wait``); each inference server reloads from ``body.path`` once, through one gateway
-        that lists it; then every gateway resumes under the new version (default: the current one + 1). Nothing is
-        paused when the version would go back or no gateway lists a server; a failed reload leaves sampling paused."""
+        that lists it (every gateway is told, with its share of the servers, so each counts the load for its stale
+        replicas: ``PoolConfig.stale_period``); then every gateway resumes under the new version (default: the
+        current one + 1). Nothing is paused when the version would go back or no gateway lists a server; a failed
+        reload leaves sampling paused."""
         if body.urls is not None:
             raise ConfigError("urls: the server chooses which gateway reloads each replica; leave it out")
         async with self._changing:
             version = self._next(body.policy_version)
             pools = await self._pools("load_weights")
             plan = reload_plan([(a.node, self._pool(a)) for a in pools])
-            loading = [a.node for a in pools if plan[a.node.node_id]]
-            if not loading:
+            if not any(plan.values()):
                 raise PoolControlError(
                     f"no gateway lists an inference server to reload from {body.path} (a scripted backend loads no "
                     "weights); nothing was paused"
@@ -179,7 +180,9 @@ class InferenceControl:
                 return self.gateways.load_weights(node, mine)
 
             try:
-                await self._all(f"load_weights from {body.path}", loading, load, then=RELOAD_FAILED)
+                # every gateway is told, those with nothing to reload too: each counts the load for its stale replicas
+                nodes = [a.node for a in pools]
+                await self._all(f"load_weights from {body.path}", nodes, load, then=RELOAD_FAILED)
             except PolarError:
                 # a gateway whose own reloads succeeded has resumed: pause it again, as the failure says
                 await self._each(self.nodes(), lambda node: self.gateways.pause(node, pause))

@@ -28,6 +28,7 @@ from polar_cli.trainers.rules import (
     sample_status,
     samples,
     select_traces,
+    token_versions,
     trace_sample,
 )
 from polar_cli.trainers.shaping import overlong_penalty, shape_reward, shape_trajectory
@@ -79,6 +80,7 @@ __all__ = [
     "slime_samples",
     "step_scalars",
     "task_normalize",
+    "token_versions",
     "trace_sample",
     "trl_rollout",
     "verl_output",

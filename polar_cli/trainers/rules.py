@@ -13,6 +13,9 @@ The rules (docs/trainers.md, TRAINERS.md):
 - Context: ``Trace.context_exact`` goes with every sample (false for a trace built with ``merge: prompt_prefix``
   whose later turns sit in a re-rendered context: recomputed logprobs there are not the behaviour policy's), where
   each trainer keeps per-sample extras.
+- Versions: each sample carries its completions' policy versions (``policy_versions``) and one version per response
+  token (:func:`token_versions`), beside the recorded logprobs: what a trainer needs to correct the importance ratio
+  of tokens sampled by an older policy (TIS), e.g. under cross-policy sampling.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Literal
 from polar_cli.errors import AdapterError, MissingLogprobError
 from polar_cli.groups import Group
 from polar_cli.models import SessionResult, Trace, TrajectoryStatus
+from polar_cli.models.trace import token_versions as recorded_versions
 
 SampleStatus = Literal["COMPLETED", "TRUNCATED", "ABORTED", "FAILED"]
 """Slime's ``Sample.Status`` names; veRL and TRL have no status field and get it as extra data."""
@@ -94,7 +98,17 @@ class TraceSample:
             "group_id": self.group_id,
             "context_exact": self.trace.context_exact,
             "advantage": self.advantage,
+            "policy_versions": self.trace.policy_versions.per_completion if self.trace.policy_versions else [],
+            "token_versions": token_versions(self.trace),
         }
+
+
+def token_versions(trace: Trace) -> list[int | None]:
+    """The policy version that sampled each response token (mask-0 tokens get the version of the stretch they lie
+    in), from ``trace.policy_versions``: None where it cannot be told (no versions recorded, or the stretch in which
+    an update fell at a token nobody could tell, where :func:`polar_cli.models.trace.token_versions` lists the
+    candidates)."""
+    return [None if isinstance(v, tuple) else v for v in recorded_versions(trace)]
 
 
 def sample_status(session_status: TrajectoryStatus, finish_reason: str | None) -> SampleStatus | None:

@@ -10,7 +10,8 @@ row. The logprobs enter the loss only with vLLM importance-sampling correction.
 
 Polar's output adds ``polar_reward`` (each sample's ``Trace.reward``; None where it has none, which TRL treats as
 unscorable) for :func:`polar_reward_func`, and ``polar_session_id`` / ``polar_status`` / ``polar_context_exact``
-(``Trace.context_exact``), and ``polar_advantage`` (None unless asked for, ``advantages=``) for
+(``Trace.context_exact``), ``polar_token_versions`` (the policy version of each completion token, for an importance
+correction of tokens an older policy sampled), and ``polar_advantage`` (None unless asked for, ``advantages=``) for
 :func:`polar_advantage_func`. TRL has no status field: FAILED samples get a zero ``env_mask``.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from polar_cli.errors import AdapterError
 from polar_cli.trainers.advantages import AdvantageConfig, with_advantages
-from polar_cli.trainers.rules import Groups, SampleStatus, TraceRule, as_groups, samples
+from polar_cli.trainers.rules import Groups, SampleStatus, TraceRule, as_groups, samples, token_versions
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TrlRolloutOutput:
     polar_status: list[SampleStatus] = field(default_factory=list)
     polar_context_exact: list[bool] = field(default_factory=list)
     polar_advantage: list[float | None] = field(default_factory=list)
+    polar_token_versions: list[list[int | None]] = field(default_factory=list)
 
     def to_kwargs(self) -> dict[str, Any]:
         """What ``rollout_func`` returns."""
@@ -79,6 +81,7 @@ def trl_rollout(
             out.polar_status.append(sample.status)
             out.polar_context_exact.append(sample.trace.context_exact)
             out.polar_advantage.append(sample.advantage)
+            out.polar_token_versions.append(token_versions(sample.trace))
     return out
 
 

@@ -263,7 +263,9 @@ def test_load_weights_reloads_each_replica_once_between_one_pause_and_one_resume
                 "gw0": [LoadWeightsBody(path="/ckpt/step-10", policy_version=2, timeout_s=30,
                                         urls=["http://r1", "http://r2"])],
                 "gw1": [LoadWeightsBody(path="/ckpt/step-10", policy_version=2, timeout_s=30, urls=["http://r3"])],
-                "gw2": [],  # its one replica is gw1's too, and reloaded once
+                # its one replica is gw1's too, and reloaded once; it is told all the same (urls=[]), so that it
+                # counts the load for its stale replicas (cross-policy sampling)
+                "gw2": [LoadWeightsBody(path="/ckpt/step-10", policy_version=2, timeout_s=30, urls=[])],
             }  # fmt: skip
             order = [what for _, _, what in sorted(events)]
             assert order.index("loaded") > max(i for i, what in enumerate(order) if what == "quiet")
@@ -280,7 +282,7 @@ def test_load_weights_reloads_each_replica_once_between_one_pause_and_one_resume
                 urls = await h.post("/inference/load_weights", json={"path": "/x", "urls": ["http://r1"]})
                 assert urls.status_code == 400 and "the server chooses" in urls.json()["error"]["message"]
             gateways[1].refuse["load_weights"] = (502, "loading weights from /ckpt/bad failed on 1 of 1 replica(s)")
-            failed = r"load_weights from /ckpt/bad failed on 1 of 2 gateways\. Sampling stays paused under the old "
+            failed = r"load_weights from /ckpt/bad failed on 1 of 3 gateways\. Sampling stays paused under the old "
             with pytest.raises(PoolControlError, match=failed + r"version: .*: .*502"):
                 await client.load_weights("/ckpt/bad")
             assert [len(g.bodies["pause"]) for g in gateways] == [3, 3, 3]  # paused, then again after the failure

@@ -9,8 +9,17 @@ import pytest
 
 from polar_cli.errors import AdapterError, MissingLogprobError, PolarError
 from polar_cli.groups import Group
-from polar_cli.models import Trace
-from polar_cli.trainers import flat_logprobs, sample_status, samples, select_traces, trace_sample
+from polar_cli.models import PolicyVersions, Trace
+from polar_cli.models.inference import VersionSpan
+from polar_cli.trainers import (
+    flat_logprobs,
+    sample_status,
+    samples,
+    select_traces,
+    token_versions,
+    trace_sample,
+    verl_trace_output,
+)
 from tests.conftest import shared_fixture
 from tests.trainers.helpers import make_result, make_trace
 
@@ -142,3 +151,21 @@ def test_importing_the_adapters_imports_no_trainer() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_token_versions_place_each_response_token_under_the_version_that_sampled_it() -> None:
+    """What a trainer corrects the importance ratio with (TIS) when tokens come from older policies."""
+    trace = make_trace([1, 1, 0, 1, 1, 1])
+    assert token_versions(trace) == [None] * 6  # nothing recorded
+    one = trace.model_copy(update={"policy_versions": PolicyVersions(oldest=3, newest=3, per_completion=[3])})
+    assert token_versions(one) == [3] * 6
+    spans = [VersionSpan(start=0, version=3), VersionSpan(start=2, version=4), VersionSpan(start=5, version=5)]
+    crossed = trace.model_copy(update={"policy_versions": PolicyVersions(
+        oldest=3, newest=5, per_completion=[3, 4], spans=spans)})  # fmt: skip
+    assert token_versions(crossed) == [3, 3, 4, 4, 4, 5]
+    unknown = [VersionSpan(start=0, version=3), VersionSpan(start=None, version=4), VersionSpan(start=4, version=5)]
+    frozen = trace.model_copy(update={"policy_versions": PolicyVersions(
+        oldest=3, newest=5, per_completion=[3, 4], spans=unknown)})  # fmt: skip
+    assert token_versions(frozen) == [None, None, None, None, 5, 5]  # 3 or 4: nobody could tell where it changed
+    polar = verl_trace_output(crossed).extra_fields["polar"]
+    assert polar["policy_versions"] == [3, 4] and polar["token_versions"] == [3, 3, 4, 4, 4, 5]
