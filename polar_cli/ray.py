@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -120,6 +121,12 @@ def _ray() -> ModuleType:
     return require("ray", needed_by="polar_cli.ray")
 
 
+@functools.cache
+def _remote(actor: type) -> Any:
+    """``ray.remote(actor)``, made once per process (each one exports the class to the cluster again)."""
+    return _ray().remote(actor)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """The child gets SIGTERM (and drains) when the actor's process dies, however it dies."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -157,9 +164,9 @@ class _Serve:
             time.sleep(0.1)
 
     def said(self) -> str:
-        """Its error line (``Error: ...``), else its last line."""
+        """Its error line (``Error: ...``, without the prefix), else its last line."""
         lines = [line for line in self.log().splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("Error:")]
+        errors = [line.removeprefix("Error:").strip() for line in lines if line.startswith("Error:")]
         return (errors or lines or [""])[-1]
 
     def log(self) -> str:
@@ -286,7 +293,7 @@ def start_server(spec: RayServer) -> ServerAddress:
     ray = _ray()
     if not ray.is_initialized():
         ray.init()
-    actor = ray.remote(ServerActor).options(
+    actor = _remote(ServerActor).options(
         name=spec.name, namespace=spec.namespace, lifetime="detached", get_if_exists=True, num_cpus=0,
         resources=spec.resources or None, max_restarts=-1,
     ).remote(spec)  # fmt: skip
@@ -380,7 +387,7 @@ class Fleet:
                 del self._actors[gone]
             for node_id in set(nodes) - set(self._actors) - set(self._failed):
                 strategy = strategies.NodeAffinitySchedulingStrategy(node_id, soft=False)
-                actor = ray.remote(GatewayActor).options(scheduling_strategy=strategy, **actor_options(self.config))
+                actor = _remote(GatewayActor).options(scheduling_strategy=strategy, **actor_options(self.config))
                 started[node_id] = [actor.remote(self.config, self.server, index)
                                     for index in range(self.config.gateways_per_node)]  # fmt: skip
                 self._actors[node_id] = started[node_id]

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from polar_cli.client import as_task
-from polar_cli.errors import ConfigError
+from polar_cli.connect_file import ServerAddress
+from polar_cli.errors import ConfigError, PolarError
 from polar_cli.groups import GroupConfig
 from polar_cli.ray import Fleet, FleetConfig, GatewayInfo, RayServer, actor_options, eligible, stop_server
 from polar_cli.registry import LOAD_ENV
@@ -45,11 +46,27 @@ def test_a_misspelt_option_is_one_line() -> None:
         Fleet.start(Path("/nowhere/polar-server.json"), gateway_per_node=2)
 
 
+@contextlib.contextmanager
+def raylet_env() -> Iterator[None]:
+    """What a raylet started here inherits, so its workers and the polar serve they start see this tree and no
+    installed plugin."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        env.setenv(LOAD_ENV, "")
+        yield
+
+
 @dataclass
 class RayFleet:
     cluster: Any
     fleet: Fleet
     config: Path
+
+    def add_node(self) -> Any:
+        with raylet_env():
+            node = self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        return node
 
     @property
     def info(self) -> dict[str, Any]:
@@ -74,10 +91,7 @@ def ray_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayFleet]:
 
     root = tmp_path_factory.mktemp("ray")
     config = serve_config(root, "serve", server={"heartbeat_interval_s": 1.0})
-    # the raylets, so their workers and the polar serve they start, see this tree and no installed plugin
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        env.setenv(LOAD_ENV, "")
+    with raylet_env():
         cluster = Cluster(initialize_head=True, connect=True,
                           head_node_args={"num_cpus": 1, "include_dashboard": False})  # fmt: skip
         for _ in range(2):
@@ -171,8 +185,7 @@ def test_a_node_that_leaves_takes_its_gateway_and_every_session_ends_once(ray_fl
 
 
 def test_a_node_that_joins_gets_a_gateway_that_takes_work(ray_fleet: RayFleet) -> None:
-    joined = ray_fleet.cluster.add_node(num_cpus=1)
-    ray_fleet.cluster.wait_for_nodes()
+    joined = ray_fleet.add_node()
 
     async def body() -> None:
         gateway = await until_true(lambda: asyncio.sleep(0, ray_fleet.on(joined.node_id)), "a gateway there", 120)
@@ -184,6 +197,16 @@ def test_a_node_that_joins_gets_a_gateway_that_takes_work(ray_fleet: RayFleet) -
         assert gateway.node_id in {r.metadata["node_id"] for r in results}
 
     asyncio.run(body())
+
+
+def test_a_gateway_with_a_wrong_token_fails_the_fleet_with_one_line(ray_fleet: RayFleet, tmp_path: Path) -> None:
+    wrong = ServerAddress(url=ray_fleet.fleet.server.url, token="not-the-token")
+    with pytest.raises(PolarError) as failed:
+        Fleet.start(wrong, gateway_args=["--config", str(ray_fleet.config)], data_root=tmp_path / "gateways")
+    said = str(failed.value)
+    assert len(said.splitlines()) == 1, said
+    assert f"the rollout server at {wrong.url} refused to register this gateway (401)" in said, said
+    assert "the gateway on Ray node" in said
 
 
 def test_shutting_the_fleet_down_drains_each_gateway_as_sigterm_does(ray_fleet: RayFleet, tmp_path: Path) -> None:
