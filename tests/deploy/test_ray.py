@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,13 +94,16 @@ def ray_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayFleet]:
     config = serve_config(root, "serve", server={"heartbeat_interval_s": 1.0})
     with raylet_env():
         cluster = Cluster(initialize_head=True, connect=True,
-                          head_node_args={"num_cpus": 1, "include_dashboard": False})  # fmt: skip
+                          head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                          "resources": {"polar_server": 1}})  # fmt: skip
         for _ in range(2):
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
     fleet = None
     try:
-        server = RayServer(data_dir=root / "server", name=SERVER, args=["--config", str(config)])
+        server = RayServer(
+            data_dir=root / "server", name=SERVER, args=["--config", str(config)], resources={"polar_server": 1}
+        )  # on the head node, which stays
         fleet = Fleet.start(server, gateway_args=["--config", str(config)], data_root=root / "gateways",
                             drain_timeout_s=DRAIN_S, watch_interval_s=1.0)  # fmt: skip
         yield RayFleet(cluster, fleet, config)
@@ -197,6 +201,20 @@ def test_a_node_that_joins_gets_a_gateway_that_takes_work(ray_fleet: RayFleet) -
         assert gateway.node_id in {r.metadata["node_id"] for r in results}
 
     asyncio.run(body())
+
+
+def test_a_gateway_process_that_dies_is_restarted_by_ray_as_the_same_node(ray_fleet: RayFleet) -> None:
+    head = ray_fleet.cluster.list_all_nodes()[0].node_id
+    before = ray_fleet.on(head)
+    assert before is not None
+    os.kill(before.pid, signal.SIGKILL)
+
+    async def restarted() -> GatewayInfo | None:
+        now = ray_fleet.on(head)
+        return now if now is not None and now.pid != before.pid else None
+
+    after = asyncio.run(until_true(restarted, "Ray to restart the actor", 120))
+    assert (after.node_id, after.data_dir) == (before.node_id, before.data_dir)  # rejoined as the same node
 
 
 def test_a_gateway_with_a_wrong_token_fails_the_fleet_with_one_line(ray_fleet: RayFleet, tmp_path: Path) -> None:
