@@ -63,9 +63,9 @@ class RayFleet:
     fleet: Fleet
     config: Path
 
-    def add_node(self) -> Any:
+    def add_node(self, **options: Any) -> Any:
         with raylet_env():
-            node = self.cluster.add_node(num_cpus=1)
+            node = self.cluster.add_node(num_cpus=1, **options)
         self.cluster.wait_for_nodes()
         return node
 
@@ -201,6 +201,17 @@ def test_a_node_that_joins_gets_a_gateway_that_takes_work(ray_fleet: RayFleet) -
         assert gateway.node_id in {r.metadata["node_id"] for r in results}
 
     asyncio.run(body())
+
+
+def test_a_fleet_for_a_label_goes_only_on_the_nodes_with_it(ray_fleet: RayFleet, tmp_path: Path) -> None:
+    labelled = ray_fleet.add_node(labels={"polar": "gateway"})
+    fleet = Fleet.start(ray_fleet.fleet.server, node_labels={"polar": "gateway"}, data_root=tmp_path / "gateways",
+                        gateway_args=["--config", str(ray_fleet.config)], drain_timeout_s=DRAIN_S)  # fmt: skip
+    try:
+        assert [g.ray_node_id for g in fleet.gateways()] == [labelled.node_id]
+    finally:
+        said = fleet.shutdown()
+    assert len(said) == 1 and "Drained: 0 sessions finished here; 0 handed back" in said[0], said
 
 
 def test_a_gateway_process_that_dies_is_restarted_by_ray_as_the_same_node(ray_fleet: RayFleet) -> None:
