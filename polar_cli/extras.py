@@ -9,7 +9,9 @@ from types import ModuleType
 
 from polar_cli.errors import MissingDependencyError
 
-EXTRAS = {"pyarrow": "hf", "datasets": "hf", "huggingface_hub": "hf", "docker": "docker", "spython": "apptainer"}
+EXTRAS = {
+    "pyarrow": "hf", "datasets": "hf", "huggingface_hub": "hf", "docker": "docker", "spython": "apptainer", "ray": "ray"
+}  # fmt: skip
 """The import name of each optional package -> the ``polar-rl`` extra that installs it."""
 
 

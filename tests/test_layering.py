@@ -66,7 +66,11 @@ def test_imports_resolve_every_form(tmp_path: Path) -> None:
 
 def test_plugin_packages_import_only_polar_cli_api() -> None:
     assert [path.name for path in PLUGIN_PACKAGES] == [
-        "polar_aider", "polar_claude_code", "polar_codex", "polar_mini_swe_agent", "polar_swebench"
+        "polar_aider",
+        "polar_claude_code",
+        "polar_codex",
+        "polar_mini_swe_agent",
+        "polar_swebench",
     ]
     outside = [
         f"{found.where} imports {found.target}"
@@ -98,17 +102,36 @@ def test_the_node_protocol_imports_neither_side() -> None:
 
 
 def test_only_the_verl_loop_imports_verl_and_ray() -> None:
-    """veRL (and the Ray it runs on) is imported by ``polar_cli.trainers.verl_loop`` alone, which nothing in
-    ``polar_cli`` imports: a Polar install without veRL imports everything else."""
+    """veRL is imported by ``polar_cli.trainers.verl_loop`` alone, which nothing in ``polar_cli`` imports: a Polar
+    install without veRL imports everything else. Ray is imported by that loop and by ``polar_cli.ray`` (the gateways
+    as Ray actors), which nothing in ``polar_cli`` imports either."""
     loop = REPO / "polar_cli" / "trainers" / "verl_loop.py"
     found = package_imports(REPO / "polar_cli")
     outside = [
         f"{imp.where} imports {imp.target}"
         for imp in found
-        if (within(imp.target, "verl") or within(imp.target, "ray"))
-        and not imp.where.startswith("polar_cli/trainers/verl_loop.py:")
+        if within(imp.target, "verl") and not imp.where.startswith("polar_cli/trainers/verl_loop.py:")
     ]
-    assert outside == [], "only polar_cli/trainers/verl_loop.py imports verl or ray"
+    assert outside == [], "only polar_cli/trainers/verl_loop.py imports verl"
     importers = [f"{imp.where}" for imp in found if within(imp.target, "polar_cli.trainers.verl_loop")]
     assert importers == [], "nothing in polar_cli imports polar_cli.trainers.verl_loop"
     assert any(within(imp.target, "verl") for imp in imports(loop, "polar_cli.trainers"))
+
+
+def test_only_polar_cli_ray_and_the_verl_loop_import_ray() -> None:
+    """``polar_cli.ray`` imports Ray only when called (``polar_cli.extras.require``), so a Polar install without
+    Ray imports it too; nothing else in ``polar_cli`` imports Ray or ``polar_cli.ray``."""
+    found = package_imports(REPO / "polar_cli")
+    allowed = ("polar_cli/ray.py:", "polar_cli/trainers/verl_loop.py:")
+    outside = [
+        f"{imp.where} imports {imp.target}"
+        for imp in found
+        if within(imp.target, "ray") and not imp.where.startswith(allowed)
+    ]
+    assert outside == [], "only polar_cli/ray.py and polar_cli/trainers/verl_loop.py import ray"
+    importers = [imp.where for imp in found if within(imp.target, "polar_cli.ray")]
+    assert importers == [], "nothing in polar_cli imports polar_cli.ray"
+    source = (REPO / "polar_cli" / "ray.py").read_text()
+    assert 'require("ray"' in source and not any(
+        within(imp.target, "ray") for imp in imports(REPO / "polar_cli" / "ray.py", "polar_cli")
+    ), "polar_cli.ray imports Ray when called, never at import"

@@ -55,13 +55,20 @@ class Placement(BaseModel):
     """Where a gateway runs, as its host and cluster scheduler name it (``polar_cli.gateway.placement`` reads it from
     the environment): sent when it registers, kept in its node row, shown by ``polar status``."""
 
-    host: str = Field(max_length=256, description="SLURMD_NODENAME under Slurm, else the host name")
-    scheduler: Literal["slurm"] | None = Field(default=None, description="None: not started by a known scheduler")
+    host: str = Field(
+        max_length=256, description="SLURMD_NODENAME under Slurm, the node's IP under Ray, else the host name"
+    )
+    scheduler: Literal["slurm", "ray"] | None = Field(
+        default=None, description="None: not started by a known scheduler"
+    )
     job_id: str | None = Field(default=None, max_length=256, description="SLURM_JOB_ID")
     step_id: str | None = Field(default=None, max_length=256, description="SLURM_STEP_ID (srun's step)")
+    node: str | None = Field(default=None, max_length=256, description="the scheduler's id of the node (Ray's node id)")
 
     def describe(self) -> str:
-        """``slurm job 4242.0 on node017``, or the host alone."""
+        """``slurm job 4242.0 on node017``, ``ray node 3f2a1b0c on 10.0.0.5``, or the host alone."""
+        if self.scheduler == "ray" and self.node is not None:
+            return f"ray node {self.node[:8]} on {self.host}"
         if self.scheduler is None or self.job_id is None:
             return self.host
         step = "" if self.step_id is None else f".{self.step_id}"

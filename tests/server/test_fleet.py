@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from polar_cli.errors import EXIT_UNREACHABLE, EXIT_USAGE
+from polar_cli.models import Placement
 from polar_cli.registry import LOAD_ENV
 from tests.server.procs import (
     REPO,
@@ -148,20 +149,36 @@ def test_one_node_id_is_refused_to_a_second_live_gateway_but_not_to_its_restart(
             process.stop()
 
 
-def test_a_gateway_started_by_slurm_says_its_job_step_and_host(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3", "SLURMD_NODENAME": "node017"}.items():
-        monkeypatch.setenv(name, value)  # what slurmstepd gives a task of `srun`
-    gateway = server.gateway("gw-slurm")
+RAY_NODE = "3f2a1b0c" * 7
+
+
+@pytest.mark.parametrize(
+    ("env", "placement", "shown"),
+    [({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3", "SLURMD_NODENAME": "node017"},  # what slurmstepd gives srun's task
+      {"host": "node017", "scheduler": "slurm", "job_id": "4242", "step_id": "3", "node": None},
+      "slurm job 4242.3 on node017"),
+     ({"POLAR_RAY_NODE_ID": RAY_NODE, "POLAR_RAY_NODE_IP": "10.0.0.5"},  # what polar_cli.ray gives its gateways
+      {"host": "10.0.0.5", "scheduler": "ray", "job_id": None, "step_id": None, "node": RAY_NODE},
+      "ray node 3f2a1b0c on 10.0.0.5")],
+    ids=["slurm", "ray"],
+)  # fmt: skip
+def test_a_gateway_says_where_its_scheduler_placed_it(
+    server: Server, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], placement: dict[str, Any], shown: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    gateway = server.gateway(f"gw-{placement['scheduler']}")
     try:
         node = asyncio.run(gateway.ready())
-        shown = subprocess.run([sys.executable, "-m", "polar_cli", "status", "--server", server.info["url"],
+        done = subprocess.run([sys.executable, "-m", "polar_cli", "status", "--server", server.info["url"],
                                 "--token", server.info["token"], "--json"],
                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                                timeout=60, check=True)  # fmt: skip
     finally:
         gateway.stop()
-    row = next(n for n in json.loads(shown.stdout)["nodes"] if n["node_id"] == node["node_id"])
-    assert row["placement"] == {"host": "node017", "scheduler": "slurm", "job_id": "4242", "step_id": "3"}
+    row = next(n for n in json.loads(done.stdout)["nodes"] if n["node_id"] == node["node_id"])
+    assert row["placement"] == placement
+    assert Placement.model_validate(placement).describe() == shown  # the nodes table's "where"
 
 
 def test_gateways_find_the_server_through_its_connect_file(tmp_path: Path) -> None:
