@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 import yaml
-from procs import free_port, stop
+from procs import free_port, stop, vllm_python
 from rich.console import Console
 from rich.table import Table
 
@@ -63,14 +63,6 @@ for turn in range(int(os.environ["CALLS"])):
                  {"role": "user", "content": "go on"}]
 print("done")
 """
-
-
-def vllm_python() -> Path:
-    venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(f"no vLLM venv at {venv}: run .ci/setup_vllm.sh (or set POLAR_VLLM_VENV)")
-    return python
 
 
 def wait_until(ready: Any, proc: subprocess.Popen[bytes], log: Path, what: str, timeout_s: float) -> Any:

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -28,3 +29,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     except ProcessLookupError:
         proc.wait()
+
+
+def vllm_python() -> Path:
+    """The Python of the vLLM venv (``$POLAR_VLLM_VENV``, else the one .ci/setup_vllm.sh makes)."""
+    venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"no vLLM venv at {venv}: run .ci/setup_vllm.sh (or set POLAR_VLLM_VENV)")
+    return python

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import free_port, stop
+from procs import free_port, stop, vllm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "tiny_agent"))
@@ -157,14 +157,6 @@ def served_templates(model_dir: Path) -> list[Served]:
             {"structured_outputs": {"regex": THINK_REGEX}, "logit_bias": bias},
         ),
     ]
-
-
-def vllm_python() -> Path:
-    venv = Path(os.environ.get("POLAR_VLLM_VENV") or Path.home() / ".cache" / "polar" / "vllm-venv")
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(f"no vLLM venv at {venv}: run .ci/setup_vllm.sh (or set POLAR_VLLM_VENV)")
-    return python
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
