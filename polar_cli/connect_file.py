@@ -40,14 +40,20 @@ def advertised_url(host: str, port: int, public_url: str | None) -> str:
     return listen_url(host, port)
 
 
-def write(path: Path, address: ServerAddress) -> None:
-    """Write ``address`` to ``path`` (mode 0600 from the start; a reader never sees half a file)."""
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, mode 0600 from the start, replaced at once (a reader never sees half a file): for
+    files holding a token (the connect file, ``serve.json``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(address.model_dump_json())
+        fh.write(text)
     os.replace(partial, path)
+
+
+def write(path: Path, address: ServerAddress) -> None:
+    """Write ``address`` to ``path`` (:func:`write_private`)."""
+    write_private(path, address.model_dump_json())
 
 
 def read(path: Path) -> ServerAddress | None:

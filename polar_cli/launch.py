@@ -94,12 +94,6 @@ class ServeInfo:
     pid: int = 0
 
 
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-
-
 class DataDirLock:
     """``<data_dir>/serve.lock``, held with ``fcntl.flock`` for the life of a ``polar serve``: a second one on the same
     data dir (which would share its database and node id) is refused, naming the first's pid and URL. The kernel
@@ -195,7 +189,7 @@ async def serve(
             info.metrics_url = f"{metrics.url}/metrics"
         data_dir = config.gateway.data_dir if config.role == "gateway" else config.server.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
-        _write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))
+        connect_file.write_private(data_dir / INFO_FILE, json.dumps(asdict(info)))
         for lock in locks:
             lock.write({"pid": info.pid, "url": info.url, "gateway_url": info.gateway_url})
         if on_ready is not None:
