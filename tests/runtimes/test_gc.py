@@ -9,8 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from polar_cli.gateway.config import RuntimeGcConfig
-from polar_cli.gateway.sweeps import RuntimeSweeps
+from polar_cli.gateway.config import GatewayConfig, RuntimeGcConfig
+from polar_cli.gateway.node import GatewayNode
+from polar_cli.gateway.sweeps import RuntimeSweeps, local_node_id
 from polar_cli.interfaces.runtime import Leftover, Owner, RuntimeContext
 from polar_cli.models.task import RuntimeSpec
 from polar_cli.registry import get_runtime
@@ -97,3 +98,27 @@ def test_the_ttl_sweep_removes_only_this_nodes_old_things_no_live_session_holds(
 
     run(body())
     assert list(scratch_root.iterdir()) == []
+
+
+def test_a_gateway_no_server_names_sweeps_what_its_killed_run_left_on_the_same_data_dir(tmp_path: Path) -> None:
+    """``polar run``'s node id comes from its data dir: its next start there removes what a killed run left."""
+    config = GatewayConfig(port=0, data_dir=tmp_path / "data", scratch_root=tmp_path / "scratch", backend_check="off")
+    node = local_node_id(tmp_path / "data")
+    assert GatewayNode(config).node_id == node == local_node_id(tmp_path / "x" / ".." / "data")
+
+    async def body() -> None:
+        context = RuntimeContext("killed", scratch_root=config.scratch_root, node_id=node)
+        left = await get_runtime("local").start(RuntimeSpec(backend="local"), context)
+        assert isinstance(left, ScratchHandle)
+        other = await get_runtime("local").start(RuntimeSpec(backend="local"), RuntimeContext(
+            "other", scratch_root=config.scratch_root, node_id="another-node"))  # fmt: skip
+        assert isinstance(other, ScratchHandle)
+        for handle in (left, other):  # as if made by a run killed since
+            owner_file = handle.scratch.root / OWNER_FILE
+            owner_file.write_text(json.dumps({**json.loads(owner_file.read_text()), "pid": dead_pid()}))
+        async with GatewayNode(config) as gateway:
+            assert gateway.url is not None
+            assert not left.scratch.root.exists() and other.scratch.root.exists()
+        await other.stop()
+
+    run(body())
