@@ -52,7 +52,10 @@ def this_process() -> Owner:
 
 
 def is_this_process(owner: Owner) -> bool:
-    return owner.host == socket.gethostname() and owner.pid == os.getpid()
+    """Whether this very process made it (not an earlier process that had its pid)."""
+    if owner.host != socket.gethostname() or owner.pid != os.getpid():
+        return False
+    return owner.started is None or owner.started == process_started(os.getpid())
 
 
 def owner_alive(owner: Owner) -> bool:
