@@ -50,10 +50,15 @@ class RuntimeSweeps:
         self._loop: asyncio.Task[None] | None = None
 
     async def at_start(self) -> GcReport | None:
-        """Remove what an earlier run of this node left behind (None when ``at_start`` is off)."""
+        """Remove what an earlier run of this node left behind (None when ``at_start`` is off, or the sweep failed:
+        that is logged, and the node starts all the same)."""
         if not self.config.at_start:
             return None
-        return await self._sweep(GcRule(node_id=self.node_id()), "at start")
+        try:
+            return await self._sweep(GcRule(node_id=self.node_id()), "at start")
+        except Exception as exc:  # leftovers cost disk, not correctness: never a reason not to serve
+            log.warning("runtime sweep (at start) of node %s failed: %s", self.node_id(), exc)
+            return None
 
     async def ttl_sweep(self) -> GcReport:
         """Remove this node's things older than the TTL that no live session here holds."""
