@@ -25,7 +25,8 @@ Harnesses (``register_harnesses(register: RegisterHarness)``)
     ``startup_timeout_ms``, ``skill_files`` (a skills folder's files). ``HarnessError``.
 
 Runtimes (``register_runtimes(register: RegisterRuntime)``)
-    ``Runtime`` (implement ``start``; ``check_spec`` for the spec beyond its config; ``cleanup``), returning a
+    ``Runtime`` (implement ``start``; ``check_spec`` for the spec beyond its config; ``leftovers`` and
+    ``remove_leftover`` for the crash sweeps: ``Leftover`` s made by an ``Owner``), returning a
     ``RuntimeHandle`` (``spawn``, ``upload``, ``download``, ``write_file``, ``stop``, ``cancel``; ``exec`` is built on
     ``spawn``) whose commands are ``RuntimeProcess``\\ es; ``RuntimeContext`` in, ``RuntimeSpec`` (with ``Mount``,
     ``PrepareAction``) to honour; ``ExecResult``, ``Stream``, ``OutputCallback``; the fixed paths ``SESSION_PATH``,
@@ -118,7 +119,16 @@ from polar_cli.interfaces import (
     json_lines,
     system_prompt,
 )
-from polar_cli.interfaces.runtime import HOME_PATH, KILL_GRACE_SECONDS, SESSION_PATH, TOOLS_PATH, OutputCallback, Stream
+from polar_cli.interfaces.runtime import (
+    HOME_PATH,
+    KILL_GRACE_SECONDS,
+    SESSION_PATH,
+    TOOLS_PATH,
+    Leftover,
+    OutputCallback,
+    Owner,
+    Stream,
+)
 from polar_cli.models import (
     AgentSpec,
     BuilderSpec,
@@ -168,6 +178,7 @@ __all__ = [
     "HarnessRun",
     "HubError",
     "InferenceBackend",
+    "Leftover",
     "McpOptions",
     "McpServer",
     "MissingDependencyError",
@@ -176,6 +187,7 @@ __all__ = [
     "NpmHarness",
     "NpmOptions",
     "OutputCallback",
+    "Owner",
     "PluginError",
     "PolarError",
     "PrepareAction",

@@ -176,7 +176,8 @@ async def serve(
             )
         if config.role in ("all", "gateway"):
             agent = GatewayAgent(agent_config, config.gateway.data_dir)
-            node = await stack.enter_async_context(GatewayNode(config.gateway, on_result=[agent.on_result]))
+            node = GatewayNode(config.gateway, on_result=[agent.on_result], node_id=agent.node_id)
+            await stack.enter_async_context(node)
             await agent.start(node)
             stack.push_async_callback(agent.close)
             info.gateway_url, info.node_token = node.url, config.gateway.control_token

@@ -17,7 +17,7 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
-from polar_cli.gateway import agent, backend_check
+from polar_cli.gateway import agent, backend_check, sweeps
 from polar_cli.gateway.agent import Drained
 from polar_cli.launch import INFO_FILE, ServeConfig, ServeInfo, serve
 from polar_cli.models import validate_model
@@ -154,7 +154,8 @@ def serve_command(
     logging.basicConfig(
         level=logging.WARNING if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
-    for said in (backend_check, agent):  # a wait for a busy backend, or for the server to answer, is always said
+    # a wait for a busy backend or for the server to answer, and what a runtime sweep removed, are always said
+    for said in (backend_check, agent, sweeps):
         logging.getLogger(said.__name__).setLevel(logging.WARNING)
     proxy_overrides = backend_options.proxy_overrides(
         backend=backend, backend_url=backend_url, model=model, tokenizer=tokenizer, script=script,

@@ -4,7 +4,8 @@ Results are already durable in the node's ResultStore when the agent hears of th
 one (``POST /callbacks/session_result``, with the node's token) until the server acknowledges it, then appends its id
 to ``<data_dir>/acked.log``. On start, stored results missing from that log are reported again (the server may have
 been down, or this node killed) and listed as ``held_results`` when the node registers. The node id is kept in
-``<data_dir>/node.json``, so a restarted gateway is the same node to the server.
+``<data_dir>/node.json``, so a restarted gateway is the same node to the server. A gateway with none (its first start)
+picks one before it registers, so its runtimes are labelled with it from the first session on.
 
 Each time the node registers (at start, and again when the server has forgotten it), it takes on the inference pool's
 state the server answers: its ``policy_version`` and whether sampling is paused (``GatewayNode.sync_inference``).
@@ -21,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,7 @@ class GatewayAgent:
         self.server_token = token
         self.data_dir = Path(data_dir)
         saved = self._saved().get("node_id")
-        self.node_id: str | None = config.node_id or (saved if is_session_id(saved) else None)
+        self.node_id: str = config.node_id or (saved if is_session_id(saved) else None) or new_node_id()
         self.placement = placement.from_environment()
         """Its host, and its Slurm job and step when a Slurm job started it (sent when it registers)."""
         self.heartbeat_interval = 5.0
@@ -217,7 +219,7 @@ class GatewayAgent:
                     left)  # fmt: skip
             pause = self.config.retry.delay(failures)
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - clock.time())))
-        self.node_id = answer.node_id
+        self.node_id = node.node_id = answer.node_id
         self.heartbeat_interval = answer.heartbeat_interval_s
         self._save_node_id(answer.node_id)
         if answer.policy_version is not None:  # None: a server older than the inference pool
@@ -247,7 +249,7 @@ class GatewayAgent:
             await self._heartbeat()
 
     async def _heartbeat(self) -> None:
-        assert self._node is not None and self._client is not None and self.node_id is not None
+        assert self._node is not None and self._client is not None
         body = HeartbeatBody(
             load=self._load(),
             sessions=[job.session_id for job in self._node.pipeline.active()],
@@ -338,7 +340,6 @@ class GatewayAgent:
             self._unacked.pop(session_id, None)  # nothing stored: nothing to report
             return True
         attempt = result.metadata.get(ATTEMPT_KEY, 1)
-        assert self.node_id is not None  # results are delivered once the node has registered
         body = SessionResultBody(
             node_id=self.node_id,
             session_id=session_id,
@@ -357,6 +358,11 @@ class GatewayAgent:
             self._ack(session_id)
             return True
         return False
+
+
+def new_node_id() -> str:
+    """A node id for a gateway that has none yet (the rollout server's own form)."""
+    return f"node-{secrets.token_hex(4)}"
 
 
 def refusal(server_url: str, status: int, message: str) -> PolarError:

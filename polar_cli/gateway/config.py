@@ -1,5 +1,6 @@
 """A gateway's configuration (pure models): the node (``GatewayConfig``), its staged pipeline (``PipelineConfig``:
-pool sizes, buffers and default budgets) and its link to a rollout server (``AgentConfig``)."""
+pool sizes, buffers and default budgets), its sweeps of runtime leftovers (``RuntimeGcConfig``) and its link to a
+rollout server (``AgentConfig``)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ class PipelineConfig(StrictModel):
     )
 
 
+class RuntimeGcConfig(StrictModel):
+    """The node's sweeps of what its runtimes left behind (``polar_cli.gateway.sweeps``)."""
+
+    at_start: bool = Field(
+        default=True, description="before taking sessions, remove what an earlier run of this node left behind"
+    )
+    interval_seconds: float | None = Field(
+        default=600.0, gt=0, description="how often the TTL sweep runs; null: never"
+    )
+    ttl_seconds: float = Field(
+        default=3600.0, gt=0, description="the TTL sweep removes this node's things older than this that no live "
+        "session of this gateway holds",
+    )
+
+
 class GatewayConfig(StrictModel):
     """One gateway node: where it listens, where it keeps data, its pools and its proxy's backend."""
 
@@ -72,6 +88,7 @@ class GatewayConfig(StrictModel):
         default_factory=new_token, description="Bearer token of every control route (the proxy's too); generated"
     )
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    runtime_gc: RuntimeGcConfig = Field(default_factory=RuntimeGcConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="backend options; host/port are not used")
     backend_check: Literal["fail", "warn", "off"] = Field(
         default="warn",

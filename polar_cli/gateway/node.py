@@ -1,7 +1,10 @@
 """A gateway node's lifecycle and Python API: the proxy, the staged pipeline and the result store in one process.
 
-``async with GatewayNode(config) as node:`` checks the backend (``config.backend_check``), serves the node's routes
-(``polar_cli.gateway.app``) and runs the pipeline until it is closed. ``node.submit(...)`` and
+``async with GatewayNode(config) as node:`` checks the backend (``config.backend_check``), removes what an earlier run
+of the same node left in its runtimes (``polar_cli.gateway.sweeps``; the TTL sweep then runs in the background),
+serves the node's routes (``polar_cli.gateway.app``) and runs the pipeline until it is closed. ``node.node_id`` labels
+every runtime its sessions start: the rollout server's node id, or for a node no server names, one derived from
+the data dir. ``node.submit(...)`` and
 ``node.submit_batch(...)`` are what the routes call; ``node.run_task(task)`` runs a whole task in-process.
 
 The inference pool (``node.proxy.pool``) is driven through the node too: ``inference()``, ``pause``, ``resume``,
@@ -25,7 +28,8 @@ from polar_cli.gateway.config import GatewayConfig
 from polar_cli.gateway.jobs import SessionBudget, SessionJob, Stage
 from polar_cli.gateway.pipeline import ResultCallback, StagedPipeline
 from polar_cli.gateway.results import ResultStore
-from polar_cli.gateway.session_driver import GatewaySessionDriver
+from polar_cli.gateway.session_driver import FRESH_SUFFIX, GatewaySessionDriver
+from polar_cli.gateway.sweeps import RuntimeSweeps, local_node_id
 from polar_cli.ids import session_id_for
 from polar_cli.metrics import Exposition, GatewayMetrics
 from polar_cli.models import SessionResult, TaskRequest, validate_model
@@ -50,11 +54,16 @@ class GatewayNode:
         proxy: ProxyState | None = None,
         base_dir: Path | None = None,
         on_result: Iterable[ResultCallback] = (),
+        node_id: str | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
         self.proxy = proxy or ProxyState(self.config.proxy_config())
         self.store = ResultStore(self.config.data_dir / "results")
-        self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
+        self._node_id = node_id or local_node_id(self.config.data_dir)
+        self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir,
+                                           node_id=self._node_id)  # fmt: skip
+        self.sweeps = RuntimeSweeps(self.config.runtime_gc, node_id=lambda: self.node_id, held=self._held,
+                                    scratch_root=self.config.scratch_root)  # fmt: skip
         self.metrics = GatewayMetrics(self.proxy.metrics.registry)
         """The node's one registry holds its proxy's metrics and its pipeline's (``GET /metrics``)."""
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
@@ -62,6 +71,19 @@ class GatewayNode:
         self.url: str | None = None
         self._listener: Listener | None = None
         self._stale: set[asyncio.Task[SessionResult | None]] = set()  # cancellations of stale sessions under way
+
+    @property
+    def node_id(self) -> str:
+        """The node id every runtime of this node is labelled with."""
+        return self._node_id
+
+    @node_id.setter
+    def node_id(self, value: str) -> None:
+        self._node_id = self.driver.node_id = value
+
+    def _held(self) -> list[str]:
+        """The session ids whose runtimes are live here (a session's evaluation runtime included)."""
+        return [sid for job in self.pipeline.active() for sid in (job.session_id, job.session_id + FRESH_SUFFIX)]
 
     @property
     def draining(self) -> bool:
@@ -89,14 +111,17 @@ class GatewayNode:
                 if self.config.backend_check == "fail":
                     raise
                 log.error("%s (sessions fail until it answers)", exc)
+        await self.sweeps.at_start()  # before any session: nothing of this run can be taken for a leftover
         self._listener = await listen(create_app(self), self.config.host, self.config.port)
         public = self.config.public_url
         self.url = (with_port(public, self._listener.port) if public else self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
         await self.pipeline.start()
+        self.sweeps.start()
 
     async def close(self) -> None:
         """Cancel what is in flight (each session still gets its result), then stop serving."""
+        await self.sweeps.close()
         await self.pipeline.close()
         await asyncio.gather(*self._stale, return_exceptions=True)  # the pipeline concluded their sessions
         if self._listener is not None:

@@ -58,15 +58,25 @@ def tools_dir_for(harness: Harness) -> Path | None:
 class GatewaySessionDriver:
     """Drives real sessions; ``proxy.base_url`` must be set (the gateway is listening) before INIT runs."""
 
-    def __init__(self, proxy: ProxyState, *, scratch_root: Path | None = None, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        proxy: ProxyState,
+        *,
+        scratch_root: Path | None = None,
+        base_dir: Path | None = None,
+        node_id: str | None = None,
+    ) -> None:
         self.proxy = proxy
         self.scratch_root = scratch_root
+        self.node_id = node_id
+        """The gateway node every runtime started here is labelled with (``RuntimeContext.node_id``)."""
         self.base_dir = base_dir
         """Where relative ``upload`` sources of prepare actions are found (the task file's folder)."""
         self.tokenizers = ModelTokenizerFinder(proxy)
 
     def _context(self, session_id: str, harness: Harness) -> RuntimeContext:
-        return RuntimeContext(session_id, tools_dir=tools_dir_for(harness), scratch_root=self.scratch_root)
+        return RuntimeContext(session_id, tools_dir=tools_dir_for(harness), scratch_root=self.scratch_root,
+                              node_id=self.node_id)  # fmt: skip
 
     async def init(self, job: SessionJob) -> None:
         task = _task(job)

@@ -58,6 +58,40 @@ class RuntimeContext:
     """Host directory with ``bin/node`` and the Polar-managed npm prefix, mounted read-only at ``tools_path``."""
     scratch_root: Path | None = None
     """Where the per-session host directories are made (default: ``$TMPDIR/polar-runtime-<uid>``)."""
+    node_id: str | None = None
+    """The gateway node that starts the session: every container, directory and process it makes carries it, so the
+    node's next start (and ``polar runtimes gc``) finds what a crash left behind."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that made something: its host, pid and start time (clock ticks since boot, from
+    ``/proc/<pid>/stat``), so that a recycled pid is never taken for it."""
+
+    host: str
+    pid: int | None
+    started: int | None = None
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something a runtime made for one session on this host (a container, an instance, a scratch dir), as a sweep
+    finds it: what it is, whose it is and since when. :meth:`Runtime.leftovers` lists them, live or not."""
+
+    runtime: str
+    kind: Literal["container", "scratch"]
+    name: str
+    """The container's name, or the scratch dir's path."""
+    session_id: str
+    node_id: str | None
+    """The ``polar.node`` label (None: made before nodes were labelled, or outside a gateway)."""
+    owner: Owner
+    created: float
+    """When it was made (Unix time)."""
+    ref: str = ""
+    """The runtime's own handle on it (a container id)."""
+    scratch: Path | None = None
+    """Its host dirs, removed with it."""
 
 
 @dataclass(frozen=True)
@@ -221,9 +255,10 @@ class Runtime(Component):
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> RuntimeHandle:
         """Start one session's isolated environment and return its handle (prepare actions are not run here)."""
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        """Remove leftovers (processes, containers, directories) of sessions whose owning process died.
-
-        ``everything`` removes those of live owners too. Returns what was removed.
-        """
+    async def leftovers(self, scratch_root: Path | None = None, node_id: str | None = None) -> list[Leftover]:
+        """Everything of this runtime's sessions on this host (of ``node_id`` only, when given), live or not: the
+        caller (``polar_cli.runtimes.gc``) decides what goes. RuntimeFailure when it cannot look (no engine)."""
         return []
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        """Kill what ``leftover`` still runs and remove it with its host dirs (nothing there is an error)."""

@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "polar_cli.commands.proxy",
     "polar_cli.commands.doctor",
     "polar_cli.commands.harness",
+    "polar_cli.commands.runtimes",
     "polar_cli.commands.plugins",
 )
 

@@ -194,7 +194,7 @@ class ApptainerRuntime(ContainerRuntime):
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> ApptainerHandle:
         config: ApptainerOptions = self.check_spec(spec)
         binary = find_binary(config.binary)
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
+        scratch = await asyncio.to_thread(Scratch.for_session, context, self.name)
         handle = ApptainerHandle(scratch, context, spec, binary)
         try:
             options = handle.start_options(spec, config, context)

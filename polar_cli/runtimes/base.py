@@ -1,10 +1,10 @@
-"""What the built-in runtimes share: a handle over one session's scratch dirs, shut down once, and a cleanup that
-finds the scratch dirs of sessions whose owning process died.
+"""What the built-in runtimes share: a handle over one session's scratch dirs, shut down once, and the listing and
+removal of those dirs for the sweeps of ``polar_cli.runtimes.gc``.
 
 :class:`ScratchHandle` owns the shutdown: ``stop()`` (SIGTERM, grace, SIGKILL) and ``cancel()`` (at once) both run
-:meth:`ScratchHandle.release` once, then remove the scratch dirs whatever happened. :class:`ScratchRuntime` owns
-``cleanup``: every leftover scratch dir named after the runtime is released (:meth:`ScratchRuntime.release_leftover`)
-and removed.
+:meth:`ScratchHandle.release` once, then remove the scratch dirs whatever happened. :class:`ScratchRuntime` lists the
+scratch dirs named after the runtime as leftovers; removing one releases what it still runs
+(:meth:`ScratchRuntime.release_leftover`), then deletes it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polar_cli.errors import RuntimeFailure
-from polar_cli.interfaces.runtime import KILL_GRACE_SECONDS, Runtime, RuntimeHandle
+from polar_cli.interfaces.runtime import KILL_GRACE_SECONDS, Leftover, Runtime, RuntimeHandle
 from polar_cli.runtimes.process import HostProcess
-from polar_cli.runtimes.scratch import Scratch, leftovers, remove_tree
+from polar_cli.runtimes.scratch import Scratch, remove_tree, scratch_leftovers
 
 
 class ScratchHandle(RuntimeHandle):
@@ -74,10 +74,10 @@ class ScratchRuntime(Runtime):
     async def release_leftover(self, root: Path) -> None:
         """Stop what a dead session left running under the scratch dir ``root`` (its dir is removed next)."""
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        removed = []
-        for root in leftovers(self.name, scratch_root, everything=everything):
-            await self.release_leftover(root)
-            await asyncio.to_thread(remove_tree, root)
-            removed.append(str(root))
-        return removed
+    async def leftovers(self, scratch_root: Path | None = None, node_id: str | None = None) -> list[Leftover]:
+        return await asyncio.to_thread(scratch_leftovers, self.name, scratch_root, node_id)
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        if leftover.scratch is not None:
+            await self.release_leftover(leftover.scratch)
+            await asyncio.to_thread(remove_tree, leftover.scratch)

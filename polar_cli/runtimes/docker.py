@@ -1,8 +1,9 @@
 """The ``docker`` runtime: one container per session through the ``docker`` package (Docker Engine API).
 
 The container runs ``config.command`` (default ``sleep infinity`` under docker's init), labelled
-``polar.session=<id>``, ``polar.runtime=docker``, ``polar.owner=<host>:<pid>`` and ``polar.scratch=<dir>`` so that
-:meth:`DockerRuntime.cleanup` finds leftovers. Network mode defaults to ``host`` so commands reach a gateway on
+``polar.session=<id>``, ``polar.runtime=docker``, ``polar.node=<node id>``, ``polar.owner=<host>:<pid>``,
+``polar.owner_started=<ticks>`` and ``polar.scratch=<dir>`` so that :meth:`DockerRuntime.leftovers` finds it again
+(``polar_cli.runtimes.gc`` decides what goes). Network mode defaults to ``host`` so commands reach a gateway on
 127.0.0.1. Commands are ``docker exec`` s; stop removes the container and the session's host directories.
 Blocking client calls run in a thread. ``config``: ``pull`` (missing|never|always, default missing), ``user``,
 ``init`` (default true), ``command`` (argv of the keep-alive process).
@@ -13,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -28,6 +31,8 @@ from polar_cli.interfaces.runtime import (
     KILL_GRACE_SECONDS,
     SESSION_PATH,
     TOOLS_PATH,
+    Leftover,
+    Owner,
     RuntimeContext,
     RuntimeProcess,
     Stream,
@@ -42,12 +47,14 @@ from polar_cli.runtimes.container import (
     read_pid,
 )
 from polar_cli.runtimes.process import OutputQueue
-from polar_cli.runtimes.scratch import Scratch, owner_alive, remove_tree
+from polar_cli.runtimes.scratch import Scratch, remove_tree, this_process
 
 LABEL_SESSION = "polar.session"
 LABEL_RUNTIME = "polar.runtime"
 LABEL_OWNER = "polar.owner"
 LABEL_SCRATCH = "polar.scratch"
+LABEL_NODE = "polar.node"
+LABEL_OWNER_STARTED = "polar.owner_started"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 T = TypeVar("T")
 
@@ -282,22 +289,51 @@ class DockerHandle(ContainerHandle):
                 self.client.close()
 
     async def _hand_back_files(self) -> None:
-        """Files the container's root wrote cannot be deleted by a non-root host user: chown them back first."""
-        owner = f"{os.getuid()}:{os.getgid()}"
-        await call(
-            "chown of session files",
-            self.client.containers.run,
-            self.image_id,
-            entrypoint=["chown", "-R", owner, "/scratch"],
-            user="0",
-            network_mode="none",
-            volumes={str(self.scratch.root): {"bind": "/scratch", "mode": "rw"}},
-            remove=True,
-        )
+        await hand_back_files(self.client, self.image_id, self.scratch.root)
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+async def hand_back_files(client: Any, image_id: str, root: Path) -> None:
+    """Files a container's root wrote cannot be deleted by a non-root host user: chown them back first."""
+    owner = f"{os.getuid()}:{os.getgid()}"
+    await call(
+        "chown of session files",
+        client.containers.run,
+        image_id,
+        entrypoint=["chown", "-R", owner, "/scratch"],
+        user="0",
+        network_mode="none",
+        volumes={str(root): {"bind": "/scratch", "mode": "rw"}},
+        remove=True,
+    )
+
+
+def _owner_labels() -> dict[str, str]:
+    me = this_process()
+    labels = {LABEL_OWNER: f"{me.host}:{me.pid}"}
+    if me.started is not None:
+        labels[LABEL_OWNER_STARTED] = str(me.started)
+    return labels
+
+
+def _leftover(container: Any) -> Leftover:
+    """A Polar container as a sweep sees it, from its labels and creation time."""
+    labels = container.labels or {}
+    host, _, pid = str(labels.get(LABEL_OWNER, "")).rpartition(":")
+    started = str(labels.get(LABEL_OWNER_STARTED, ""))
+    owner = Owner(host, int(pid) if pid.isdigit() else None, int(started) if started.isdigit() else None)
+    created = str(container.attrs.get("Created") or "")
+    scratch = labels.get(LABEL_SCRATCH)
+    return Leftover(runtime="docker", kind="container", name=container.name, session_id=labels.get(LABEL_SESSION, ""),
+                    node_id=labels.get(LABEL_NODE), owner=owner, created=_unix_time(created), ref=container.id,
+                    scratch=Path(scratch) if scratch and host == socket.gethostname() else None)  # fmt: skip
+
+
+def _unix_time(docker_time: str) -> float:
+    """Docker's ``Created`` (RFC 3339 with nanoseconds) as Unix time; 0 when it cannot be read."""
+    try:
+        return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", docker_time).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _check_mounts(spec: RuntimeSpec) -> None:
@@ -317,7 +353,7 @@ class DockerRuntime(ContainerRuntime):
         _check_mounts(spec)
         client = await asyncio.to_thread(docker_client)
         image = await self._image(client, str(spec.image), options.pull)
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
+        scratch = await asyncio.to_thread(Scratch.for_session, context, self.name)
         open_dirs_for_container_users(scratch)
         handle = DockerHandle(scratch, context, client, spec.workdir or SESSION_PATH)
         handle.image_id = image.id
@@ -359,7 +395,8 @@ class DockerRuntime(ContainerRuntime):
             "labels": {
                 LABEL_SESSION: context.session_id,
                 LABEL_RUNTIME: "docker",
-                LABEL_OWNER: _owner(),
+                **({LABEL_NODE: context.node_id} if context.node_id else {}),
+                **_owner_labels(),
                 LABEL_SCRATCH: str(handle.scratch.root),
             },
             "environment": env,
@@ -377,25 +414,40 @@ class DockerRuntime(ContainerRuntime):
             args["user"] = options.user
         return args
 
-    async def cleanup(self, *, everything: bool = False, scratch_root: Path | None = None) -> list[str]:
-        """Remove Polar's containers (and their host dirs) whose owning process is gone, then stray host dirs."""
+    async def leftovers(self, scratch_root: Path | None = None, node_id: str | None = None) -> list[Leftover]:
+        """Polar's containers (of ``node_id`` only, when given), then the scratch dirs no container names."""
         client = await asyncio.to_thread(docker_client)
-        removed = []
+        labels = [f"{LABEL_RUNTIME}=docker", *([f"{LABEL_NODE}={node_id}"] if node_id else [])]
         try:
-            containers = await call(
-                "list", client.containers.list, all=True, filters={"label": f"{LABEL_RUNTIME}=docker"}
-            )
-            for container in containers:
-                labels = container.labels or {}
-                host, _, pid = str(labels.get(LABEL_OWNER, "")).rpartition(":")
-                alive = owner_alive({"host": host, "pid": int(pid) if pid.isdigit() else None})
-                if everything or not alive:
-                    with contextlib.suppress(RuntimeFailure):
-                        await call("remove", container.remove, force=True, v=True)
-                        removed.append(container.name)
-                    scratch = labels.get(LABEL_SCRATCH)
-                    if scratch and host == socket.gethostname():
-                        await asyncio.to_thread(remove_tree, Path(scratch))
+            containers = await call("list", client.containers.list, all=True, filters={"label": labels})
         finally:
             client.close()
-        return removed + await super().cleanup(everything=everything, scratch_root=scratch_root)
+        found = [_leftover(container) for container in containers]
+        named = {str(item.scratch) for item in found if item.scratch is not None}
+        dirs = await super().leftovers(scratch_root, node_id)
+        return found + [item for item in dirs if str(item.scratch) not in named]
+
+    async def remove_leftover(self, leftover: Leftover) -> None:
+        if leftover.kind != "container":
+            await super().remove_leftover(leftover)
+            return
+        client = await asyncio.to_thread(docker_client)
+        try:
+            try:
+                container = await call("inspect", client.containers.get, leftover.ref)
+                image_id = str(container.attrs.get("Image") or "")
+                await call("remove", container.remove, force=True, v=True)
+            except RuntimeFailure as exc:
+                if not _is_not_found(exc):
+                    raise
+                image_id = ""
+            if leftover.scratch is not None:
+                try:
+                    await asyncio.to_thread(remove_tree, leftover.scratch)
+                except PermissionError:
+                    if not image_id:
+                        raise
+                    await hand_back_files(client, image_id, leftover.scratch)
+                    await asyncio.to_thread(remove_tree, leftover.scratch)
+        finally:
+            client.close()

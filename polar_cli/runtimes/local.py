@@ -206,7 +206,7 @@ class LocalRuntime(ScratchRuntime):
 
     async def start(self, spec: RuntimeSpec, context: RuntimeContext) -> LocalHandle:
         isolation = self.check_spec(spec).isolation
-        scratch = await asyncio.to_thread(Scratch.create, context.session_id, self.name, context.scratch_root)
+        scratch = await asyncio.to_thread(Scratch.for_session, context, self.name)
         chosen = "none" if isolation == "none" else "namespace"
         handle = LocalHandle(scratch, spec, context, chosen)
         if handle.session_dir in handle._workdir.parents:  # a workdir inside the session dir is made for it

@@ -20,6 +20,7 @@ from polar_cli.models.task import Mount, PrepareAction, RuntimeSpec
 from polar_cli.registry import get_runtime
 from polar_cli.runtimes import start_session
 from polar_cli.runtimes.docker import (
+    LABEL_NODE,
     LABEL_OWNER,
     LABEL_RUNTIME,
     LABEL_SCRATCH,
@@ -27,6 +28,7 @@ from polar_cli.runtimes.docker import (
     DockerHandle,
     DockerProcess,
 )
+from polar_cli.runtimes.gc import GcRule, collect_garbage
 from polar_cli.runtimes.tools import ensure_node
 from tests.runtimes.conftest import TEST_IMAGE, run, wait_for_file
 
@@ -38,10 +40,10 @@ def spec(**fields: Any) -> RuntimeSpec:
 
 
 async def start(
-    scratch_root: Path, session_id: str = "d1", tools_dir: Path | None = None, **fields: Any
+    scratch_root: Path, session_id: str = "d1", tools_dir: Path | None = None, node_id: str | None = None, **fields: Any
 ) -> DockerHandle:
     env = {"POLAR_GATEWAY_URL": "http://127.0.0.1:1/s"}
-    context = RuntimeContext(session_id, env=env, tools_dir=tools_dir, scratch_root=scratch_root)
+    context = RuntimeContext(session_id, env=env, tools_dir=tools_dir, scratch_root=scratch_root, node_id=node_id)
     handle = await get_runtime("docker").start(spec(**fields), context)
     assert isinstance(handle, DockerHandle)
     return handle
@@ -57,7 +59,7 @@ def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: P
     (extra / "given.txt").write_text("from a user mount")
 
     async def body() -> str:
-        handle = await start(scratch_root, env={"SPEC_VAR": "spec"}, cpus=0.5, memory="256m",
+        handle = await start(scratch_root, node_id="node-labels", env={"SPEC_VAR": "spec"}, cpus=0.5, memory="256m",
                              mounts=[Mount(source=str(extra), target="/data", read_only=True)])  # fmt: skip
         async with handle:
             result = await handle.exec(["sh", "-c", "env; pwd; cat /data/given.txt"], env={"CALL_VAR": "call"})
@@ -77,6 +79,7 @@ def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: P
             labels = attrs["Config"]["Labels"]
             assert labels[LABEL_SESSION] == "d1" and labels[LABEL_RUNTIME] == "docker"
             assert labels[LABEL_SCRATCH] == str(handle.scratch.root) and LABEL_OWNER in labels
+            assert labels[LABEL_NODE] == "node-labels"
             # the bind mount works both ways
             await handle.exec(["sh", "-c", "echo from-container > /polar/session/out.txt"])
             assert (handle.session_dir / "out.txt").read_text() == "from-container\n"
@@ -221,16 +224,19 @@ def test_bad_specs_and_missing_image(scratch_root: Path) -> None:
 def test_cleanup_removes_containers_of_dead_owners(docker_engine: Any, scratch_root: Path) -> None:
     finished = subprocess.Popen(["true"])
     finished.wait()
-    labels = {LABEL_RUNTIME: "docker", LABEL_SESSION: "orphan", LABEL_OWNER: f"{socket.gethostname()}:{finished.pid}"}
+    node = f"test-gc-{os.getpid()}"  # this test's own: the sweep touches no other test's containers
+    labels = {LABEL_RUNTIME: "docker", LABEL_SESSION: "orphan", LABEL_NODE: node,
+              LABEL_OWNER: f"{socket.gethostname()}:{finished.pid}"}  # fmt: skip
     orphan = docker_engine.containers.run(
         TEST_IMAGE, ["sleep", "infinity"], detach=True, init=True, network_mode="none", labels=labels
     )
 
     async def body() -> list[str]:
-        async with await start(scratch_root, "alive") as live:
-            removed = await get_runtime("docker").cleanup(scratch_root=scratch_root)
+        async with await start(scratch_root, "alive", node_id=node) as live:
+            rule = GcRule(node_id=node)
+            report = await collect_garbage(rule, runtimes=["docker"], scratch_root=scratch_root)
             assert container_exists(docker_engine, live.container.id)  # its owner (this process) lives
-            return removed
+            return [removal.leftover.name for removal in report.removed]
 
     removed = run(body())
     assert orphan.name in removed

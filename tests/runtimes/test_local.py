@@ -16,6 +16,7 @@ from polar_cli.interfaces.runtime import RuntimeContext
 from polar_cli.models.task import Mount, PrepareAction, RuntimeSpec
 from polar_cli.registry import get_runtime
 from polar_cli.runtimes import start_session
+from polar_cli.runtimes.gc import GcRule, collect_garbage
 from polar_cli.runtimes.local import LocalHandle, _marked_pids
 from polar_cli.runtimes.scratch import OWNER_FILE
 from tests.runtimes.conftest import gone, run, wait_for_file
@@ -248,7 +249,8 @@ def test_cleanup_removes_leftovers_of_dead_owners(scratch_root: Path) -> None:
         owner_file.write_text(json.dumps({**owner, "pid": child.pid}))
         task = asyncio.create_task(dead.exec(["sh", "-c", "echo $$ > me.pid; exec sleep 300"]))
         pid = int(await wait_for_file(dead.session_dir / "me.pid"))
-        removed = await get_runtime("local").cleanup(scratch_root=scratch_root)
+        report = await collect_garbage(GcRule(), runtimes=["local"], scratch_root=scratch_root)
+        removed = [removal.leftover.name for removal in report.removed]
         assert gone(pid)
         await task
         with contextlib.suppress(Exception):
