@@ -53,7 +53,7 @@ class GatewayNode:
     ) -> None:
         self.config = config or GatewayConfig()
         self.proxy = proxy or ProxyState(self.config.proxy_config())
-        self.store = ResultStore(self.config.data_dir / "results")
+        self.store = ResultStore(self.config.results_dir)
         self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
         self.metrics = GatewayMetrics(self.proxy.metrics.registry)
         """The node's one registry holds its proxy's metrics and its pipeline's (``GET /metrics``)."""
