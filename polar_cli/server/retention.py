@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from polar_cli.models import StrictModel
 
@@ -90,12 +91,12 @@ class RetentionConfig(StrictModel):
     @field_validator("max_age", mode="before")
     @classmethod
     def _age(cls, value: Any) -> float | None:
-        return None if value is None else parse_duration(value)
+        return None if value is None else _parsed(parse_duration, value)
 
     @field_validator("max_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> int | None:
-        return None if value is None else parse_size(value)
+        return None if value is None else _parsed(parse_size, value)
 
     @property
     def enabled(self) -> bool:
@@ -111,6 +112,13 @@ class RetentionConfig(StrictModel):
         if self.max_bytes is not None:
             limits.append(f"over {format_size(self.max_bytes)}")
         return f"{self.mode} acknowledged tasks {' or '.join(limits)}"
+
+
+def _parsed(parse: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return parse(value)
+    except ValueError as exc:  # its message alone (pydantic would put "Value error, " before it)
+        raise PydanticCustomError("retention_value", "{message}", {"message": str(exc)}) from exc
 
 
 def format_duration(seconds: float) -> str:

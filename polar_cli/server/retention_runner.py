@@ -45,12 +45,17 @@ class RetentionRunner:
         self.note: str | None = None
 
     async def run(self) -> None:
+        """A pass every ``interval_s`` (the one at start is the server's own :meth:`pass_logged`)."""
         while True:
-            try:
-                await self.run_once()
-            except Exception:  # a failed pass (a full disk, a locked file) must not end retention: the next one runs
-                log.exception("retention pass failed; trying again in %gs", self.config.interval_s)
             await asyncio.sleep(self.config.interval_s)
+            await self.pass_logged()
+
+    async def pass_logged(self) -> None:
+        """:meth:`run_once`; a failed pass (a full disk, a locked file) is logged, and the next one runs as planned."""
+        try:
+            await self.run_once()
+        except Exception:
+            log.exception("retention pass failed; trying again in %gs", self.config.interval_s)
 
     async def run_once(self) -> list[Retired]:
         """Measure, then (retention set) compact or remove what is due; what was retired."""

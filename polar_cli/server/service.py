@@ -183,6 +183,7 @@ class RolloutServer:
             self._nodes[node.node_id] = node
             self._live[node.node_id] = NodeLive(last_seen=now)  # a grace period: a full dead-after span to heartbeat
         self._node_tokens = {token_digest(node.token) for node in self._nodes.values()}
+        await self.retention.pass_logged()  # what is due goes before anything is served; then every interval_s
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="polar-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="polar-liveness"),

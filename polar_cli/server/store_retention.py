@@ -18,6 +18,7 @@ from typing import Protocol
 
 from polar_cli.errors import RemovedError, SessionError, TaskNotEndedError
 from polar_cli.models import SessionResult
+from polar_cli.rewards import COMPACTED_KEY, trainable_tokens
 from polar_cli.server.retention import Candidate, Retained, RetentionMode
 
 ENDED = "('completed', 'failed', 'cancelled')"
@@ -172,5 +173,8 @@ class RetentionQueries:
 
 
 def compact_result(result: SessionResult) -> SessionResult:
-    """The result without its traces (token ids, logprobs, messages): its status, reward, error and metadata stay."""
-    return result.model_copy(update={"trajectory": result.trajectory.model_copy(update={"traces": []})})
+    """The result without its traces (token ids, logprobs, messages): its status, reward, error and metadata stay, and
+    ``metadata.polar_compacted`` says how many traces and trainable tokens it had (its statistics do not change)."""
+    held = {"traces": len(result.trajectory.traces), "trainable_tokens": trainable_tokens(result)}
+    return result.model_copy(update={"trajectory": result.trajectory.model_copy(update={"traces": []}),
+                                     "metadata": {**result.metadata, COMPACTED_KEY: held}})  # fmt: skip

@@ -135,12 +135,14 @@ def test_compact_keeps_the_summaries_remove_leaves_a_410_and_the_byte_count_foll
     assert store.db_bytes()[0] == _data_bytes(store) > 0
     store.ack_task("a")
     store.ack_task("b")
-    before = store.db_bytes()[0]
+    before, full = store.db_bytes()[0], store.task_status("a")
     compacted = store.retire("a", "compact", file_bytes=7)
     assert compacted is not None and compacted.session_ids == sessions and compacted.retained == "compacted"
     status = store.task_status("a")
     assert status.retention == "compacted" and status.completed == 2 and status.rewards is not None
     assert [r.reward for r in status.results] == [1.0, 1.0] and all(not r.trajectory.traces for r in status.results)
+    assert status.rewards == full.rewards and status.rewards.pass_at_k == {1: 1.0, 2: 1.0}  # accepted as before
+    assert status.results[0].metadata["polar_compacted"] == {"traces": 1, "trainable_tokens": 3}
     assert store.db_bytes()[0] == _data_bytes(store) == before - (compacted.freed_bytes - 7)
     assert store.retire("a", "compact") is None  # done already
     assert [c.task_id for c in store.retention_candidates("compact")] == ["b"]
