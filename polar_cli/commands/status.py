@@ -158,9 +158,10 @@ def task_view(status: TaskStatus) -> RenderableType:
 def task_table(status: TaskStatus) -> Table:
     """One row per session: its state, and its result's columns once it has finished."""
     finished = {r.session_id: r for r in status.results}
+    compacted = " (compacted by retention: traces dropped)" if status.retention == "compacted" else ""
     table = Table(
         title=f"task {status.task_id}: {styled(status.state)}, {status.completed} completed, {status.failed} failed "
-        f"of {status.num_samples}"
+        f"of {status.num_samples}{compacted}"
     )
     table.add_column("session")
     table.add_column("state")

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from polar_cli.client import PolarClient
+from polar_cli.errors import RemovedError, TaskNotEndedError
 from polar_cli.models import ServiceStatus, TaskStatus
 from polar_cli.rewards import trainable_tokens
 from polar_cli.server.config import DB_NAME
@@ -76,6 +79,8 @@ def test_a_size_cap_removes_the_oldest_acknowledged_tasks_and_a_restart_answers_
             refused = await http.post("/rollout/task/held/ack")
             assert refused.status_code == 409 and "'held' is" in refused.json()["error"]["message"]
             assert (await http.post("/rollout/task/nope/ack")).status_code == 404
+            with PolarClient(info["url"], info["token"]) as polar, pytest.raises(TaskNotEndedError, match="'held' is"):
+                polar.ack("held")
             for task_id in ACKED:  # one after the other: r0 is the oldest acknowledgement
                 assert (await http.post(f"/rollout/task/{task_id}/ack")).json()["task_id"] == task_id
 
@@ -140,6 +145,10 @@ def test_a_size_cap_removes_the_oldest_acknowledged_tasks_and_a_restart_answers_
             assert again.status_code == 410 and "removed by retention" in again.json()["error"]["message"]
             ended = (await http.get("/rollout/tasks", params={"since": 0})).json()["task_ids"]
             assert set(ended) == {"r2", "r3", *UNACKED}
+        with PolarClient(info["url"], info["token"]) as polar:
+            with pytest.raises(RemovedError, match="task 'r1' was removed by retention"):
+                polar.status("r1")
+            assert polar.ack("r4").task_id == "r4" and polar.status("r4").acked_at is not None
 
     try:
         asyncio.run(restarted())
