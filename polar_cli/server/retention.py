@@ -122,7 +122,7 @@ def _parsed(parse: Callable[[Any], Any], value: Any) -> Any:
 
 
 def format_duration(seconds: float) -> str:
-    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"

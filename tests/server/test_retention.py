@@ -20,7 +20,7 @@ def test_settings_take_seconds_or_units_and_bad_values_name_the_field() -> None:
     assert RetentionConfig.model_validate({"max_age": 90, "max_bytes": "2GiB"}).max_bytes == 2 * 1024**3
     assert RetentionConfig.model_validate({"max_age": "1.5h"}).max_age == 5400
     assert RetentionConfig().describe() == "keep everything" and not RetentionConfig().enabled
-    assert config.describe() == "compact acknowledged tasks after 1w or over 50.0 GB"
+    assert config.describe() == "compact acknowledged tasks after 7d or over 50.0 GB"
     for field, value, said in [
         ("max_age", "7 days", "'7 days' is not a duration"),
         ("max_age", 0, "0 is not a duration: it must be more than 0 seconds"),

@@ -18,6 +18,7 @@ import pytest
 from polar_cli.client import PolarClient
 from polar_cli.errors import RemovedError, TaskNotEndedError
 from polar_cli.models import ServiceStatus, TaskStatus
+from polar_cli.online import store_tasks
 from polar_cli.rewards import trainable_tokens
 from polar_cli.server.config import DB_NAME
 from polar_cli.server.disk import SessionFiles, measure
@@ -145,6 +146,8 @@ def test_a_size_cap_removes_the_oldest_acknowledged_tasks_and_a_restart_answers_
             assert again.status_code == 410 and "removed by retention" in again.json()["error"]["message"]
             ended = (await http.get("/rollout/tasks", params={"since": 0})).json()["task_ids"]
             assert set(ended) == {"r2", "r3", *UNACKED}
+        exported = {task.request.task_id for task in store_tasks(data_dir)}  # polar export DATA_DIR reads these
+        assert exported == {"r2", "r3", *UNACKED, "held"}
         with PolarClient(info["url"], info["token"]) as polar:
             with pytest.raises(RemovedError, match="task 'r1' was removed by retention"):
                 polar.status("r1")
@@ -207,6 +210,7 @@ def test_age_based_compaction_keeps_summaries_of_acknowledged_tasks_only(tmp_pat
             retention = (await status_of(http)).retention
             assert retention is not None and (retention.compacted_tasks, retention.removed_tasks) == (1, 0)
             assert retention.settings == "compact acknowledged tasks after 1s"
+            assert [task.request.task_id for task in store_tasks(data_dir)] == ["kept"]  # no traces: no export
 
     try:
         asyncio.run(body())
