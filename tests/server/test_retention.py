@@ -165,3 +165,24 @@ def test_compact_keeps_the_summaries_remove_leaves_a_410_and_the_byte_count_foll
     with pytest.raises(RemovedError):
         reopened.task_status("a")
     assert reopened.task_status("b").completed == 2 and reopened.db_bytes()[0] == _data_bytes(reopened)
+
+
+def test_a_database_from_before_retention_opens_with_its_data_counted_and_its_tasks_kept(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    _ended(store, "old")
+    expected = store.task_status("old")
+    db = store._db  # back to the schema an older Polar left: no retention columns, triggers or byte count
+    for trigger in ("results_sized", "bodies_sized", "bodies_resized"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute("DROP INDEX tasks_acked")
+    db.execute("DROP INDEX tasks_retained")
+    for column in ("acked_at", "retained", "retained_at"):
+        db.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
+    db.execute("DELETE FROM counters WHERE kind = 'data'")
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'counters'")
+    store.close()
+    reopened = SQLiteStore(tmp_path / "s.db")
+    assert reopened.task_status("old") == expected and list(reopened.retention_candidates("remove")) == []
+    assert reopened.db_bytes()[0] == _data_bytes(reopened) > 0  # counted once, when it first opened
+    reopened.ack_task("old")
+    assert reopened.retire("old", "remove") is not None and reopened.db_bytes()[0] == _data_bytes(reopened)
