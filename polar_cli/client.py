@@ -38,13 +38,16 @@ from polar_cli.errors import (
     ConfigError,
     PolarError,
     PoolControlError,
+    RemovedError,
     ServiceUnavailableError,
     SessionError,
     SessionExistsError,
+    TaskNotEndedError,
 )
 from polar_cli.groups import Group, GroupConfig, GroupRun, GroupStats, ReuseBuffer
 from polar_cli.models import (
     TERMINAL_TASK_STATES,
+    AckAnswer,
     InferenceStatus,
     ServiceStatus,
     SessionResult,
@@ -78,6 +81,7 @@ _STATUS_ERRORS: dict[int, type[PolarError]] = {
     403: AuthError,
     404: SessionError,
     409: SessionExistsError,
+    410: RemovedError,
     422: ConfigError,
 }
 _INFERENCE_ERRORS: dict[int, type[PolarError]] = {**_STATUS_ERRORS, 404: ConfigError, 409: PoolControlError}
@@ -184,6 +188,10 @@ def _request_call(task_id: str) -> _Call[TaskRequest]:
 
 def _ended_call(since: float) -> _Call[TaskList]:
     return _Call("GET", "/rollout/tasks", TaskList, params={"since": since})
+
+
+def _ack_call(task_id: str) -> _Call[AckAnswer]:
+    return _Call("POST", f"{_task_path(task_id)}/ack", AckAnswer, errors={**_STATUS_ERRORS, 409: TaskNotEndedError})
 
 
 def _cancel_call(task_id: str) -> _Call[TaskStatus]:
@@ -377,6 +385,11 @@ class PolarClient(_Base):
         """Cancel the task's sessions everywhere; its TaskStatus."""
         return self._send(_cancel_call(task_id))
 
+    def ack(self, task_id: str) -> AckAnswer:
+        """Say the trainer has what it needs of the ended task: the server's retention settings may now compact or
+        remove it (a task still running: TaskNotEndedError, HTTP 409). Acknowledging twice is harmless."""
+        return self._send(_ack_call(task_id))
+
     def groups(
         self,
         tasks: Iterable[TaskInput],
@@ -522,6 +535,10 @@ class AsyncPolarClient(_Base):
 
     async def cancel(self, task_id: str) -> TaskStatus:
         return await self._send(_cancel_call(task_id))
+
+    async def ack(self, task_id: str) -> AckAnswer:
+        """:meth:`PolarClient.ack`."""
+        return await self._send(_ack_call(task_id))
 
     async def groups(
         self,

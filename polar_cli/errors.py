@@ -19,7 +19,9 @@
     │   └── VerificationError        a trajectory broke the token-faithfulness contract
     ├── EvaluationError              an evaluator failed
     ├── SessionError                 a session is unknown, cancelled or in the wrong state
-    │   └── SessionExistsError       a session (or task) id that is already taken
+    │   ├── SessionExistsError       a session (or task) id that is already taken
+    │   ├── TaskNotEndedError        a call that needs an ended task (an acknowledgement) on one still running
+    │   └── RemovedError             a task whose results retention removed (410)
     ├── AuthError                    a control call without the right token
     │   └── ForbiddenError           a valid token used for something it may not touch (a node, another's session)
     ├── ServiceUnavailableError      a Polar server cannot be reached (refused, timed out, broken connection)
@@ -163,6 +165,18 @@ class SessionExistsError(SessionError):
     """A session or task id that is already taken (by a different request)."""
 
     http_status = 409
+
+
+class TaskNotEndedError(SessionError):
+    """A call that needs an ended task (a trainer's acknowledgement) made on one that is still running."""
+
+    http_status = 409
+
+
+class RemovedError(SessionError):
+    """A task the server knew, whose results its retention settings removed after a trainer acknowledged them."""
+
+    http_status = 410
 
 
 class AuthError(PolarError):

@@ -39,6 +39,7 @@ from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import StrictModel
 from polar_cli.server.app import create_app
 from polar_cli.server.config import ServerConfig
+from polar_cli.server.disk import SessionFiles
 from polar_cli.server.service import RolloutServer
 from polar_cli.web.listen import listen
 from polar_cli.web.metrics import listen_metrics
@@ -157,7 +158,10 @@ async def serve(
         for lock in locks:
             stack.callback(lock.release)
         if config.role in ("all", "server"):
-            server = await stack.enter_async_context(RolloutServer(config.server))
+            files = None
+            if config.role == "all":  # the embedded gateway's per-session files: retention measures and removes them
+                files = SessionFiles(config.gateway.results_dir, config.gateway.journal_dir)
+            server = await stack.enter_async_context(RolloutServer(config.server, session_files=files))
             listener = await listen(create_app(server), config.server.host, config.server.port)
             stack.push_async_callback(listener.close)
             info.url, info.token = listener.url, server.token

@@ -119,12 +119,16 @@ def read_only(db_path: Path) -> sqlite3.Connection:
 
 
 def store_tasks(data_dir: Path) -> Iterator[OnlineTask]:
-    """Every task of a ``polar serve`` data dir with its sessions' results, in the order they were submitted."""
+    """Every task of a ``polar serve`` data dir with its sessions' results, in the order they were submitted; those
+    retention compacted or removed (their traces are gone: no training data) left out."""
     db_path = data_dir / DB_NAME
     db = read_only(db_path)
     try:
         try:
-            tasks = db.execute("SELECT task_id, body, created_at FROM tasks ORDER BY created_at, task_id").fetchall()
+            columns = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
+            kept = "WHERE retained IS NULL " if "retained" in columns else ""  # a database older than retention
+            query = f"SELECT task_id, body, created_at FROM tasks {kept}ORDER BY created_at, task_id"
+            tasks = db.execute(query).fetchall()
         except sqlite3.Error as exc:
             raise ConfigError(f"{db_path}: not a polar serve database ({exc})") from exc
         for task_id, body, created_at in tasks:

@@ -34,8 +34,16 @@ class Outcome:
     accepted: bool
 
 
+COMPACTED_KEY = "polar_compacted"
+"""In the metadata of a result retention compacted (its traces dropped): what they held, ``{traces, trainable_tokens}``
+(``polar_cli.server.store_retention.compact_result``), so its statistics stay as they were."""
+
+
 def trainable_tokens(result: SessionResult) -> int:
     """The tokens a trainer learns from (of the traces its reward rule makes trainable; side calls by default not)."""
+    compacted = result.metadata.get(COMPACTED_KEY)
+    if isinstance(compacted, dict) and not result.trajectory.traces:
+        return int(compacted.get("trainable_tokens", 0))
     return sum(trace.trainable_tokens for trace in result.trajectory.traces if trace.trainable)
 
 

@@ -16,6 +16,12 @@ from polar_cli.commands import backend_options
 from polar_cli.commands.flags import positive_seconds
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
 from polar_cli.commands.output import JsonOption, emit_json, progress_bar, stderr_console, stdout_console, steps
+from polar_cli.commands.retention_options import (
+    RetentionMaxAge,
+    RetentionMaxBytes,
+    RetentionModeOption,
+    retention_flags,
+)
 from polar_cli.commands.reward_tables import reward_table
 from polar_cli.commands.run import summary_table
 from polar_cli.config import read_data_file, set_dotted
@@ -35,6 +41,7 @@ from polar_cli.generate.ledger import LEDGER, open_ledger
 from polar_cli.launch import ServeInfo
 from polar_cli.models import SessionResult, validate_model
 from polar_cli.registry import get_harness
+from polar_cli.server.retention import RetentionConfig
 
 
 def parse_dataset_options(path: Path | None, pairs: list[str]) -> dict[str, Any]:
@@ -120,6 +127,9 @@ def generate_command(
     token_mode: backend_options.TokenModeOption = None,
     run_slots: int | None = typer.Option(None, "--run-slots", min=1, help="Embedded: harnesses at once (default: C)."),
     install: bool = typer.Option(True, "--install/--no-install", help="Install the harness's CLI if missing."),
+    retention_max_age: RetentionMaxAge = None,
+    retention_max_bytes: RetentionMaxBytes = None,
+    retention_mode: RetentionModeOption = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings from the service."),
     as_json: bool = JsonOption,
 ) -> None:
@@ -138,6 +148,10 @@ def generate_command(
         "harness": harness, "model": model, "samples": samples, "limit": limit, "concurrency": concurrency,
         "max_retries": max_retries, "timeout_seconds": timeout, "builder": builder, "group_by": group_by,
         "accept_min_reward": accept_min_reward}, source="polar generate")  # fmt: skip
+    retention = retention_flags(retention_max_age, retention_max_bytes, retention_mode)
+    if server is not None and retention:
+        raise ConfigError("--retention-* set the embedded service's retention: with --server, give them to that "
+                          "polar serve")  # fmt: skip
     target: Any = server
     if server is None:
         overrides = backend_options.proxy_overrides(
@@ -150,7 +164,8 @@ def generate_command(
         slots = run_slots or concurrency
         pipeline = validate_model(PipelineConfig, {"run_slots": slots, "init_workers": slots, "postrun_workers": slots},
                                   source="polar generate")  # fmt: skip
-        target = embedded_serve_config(out, proxy, pipeline)
+        kept = validate_model(RetentionConfig, retention, source="polar generate --retention-*")
+        target = embedded_serve_config(out, proxy, pipeline, kept)
     if server is None and harness is not None:
         agent = get_harness(harness)
         if not agent.is_installed() and agent.version:

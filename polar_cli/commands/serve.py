@@ -15,6 +15,12 @@ import typer
 from polar_cli.client import SERVER_ENV, TOKEN_ENV
 from polar_cli.commands import backend_options
 from polar_cli.commands.interrupt import Interrupted, run_until_stopped
+from polar_cli.commands.retention_options import (
+    RetentionMaxAge,
+    RetentionMaxBytes,
+    RetentionModeOption,
+    retention_flags,
+)
 from polar_cli.config import read_data_file, set_dotted
 from polar_cli.errors import ConfigError
 from polar_cli.gateway import agent, backend_check, sweeps
@@ -148,6 +154,9 @@ def serve_command(
     metrics_host: str | None = typer.Option(
         None, "--metrics-host", help="Interface of the --metrics-port listener (default 127.0.0.1)."
     ),
+    retention_max_age: RetentionMaxAge = None,
+    retention_max_bytes: RetentionMaxBytes = None,
+    retention_mode: RetentionModeOption = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log warnings."),
 ) -> None:
     """Run the rollout service: server, gateway, or both (default). Prints the URL and the token to use."""
@@ -178,6 +187,8 @@ def serve_command(
         "drain_timeout_s": drain_timeout,
         "metrics.port": metrics_port,
         "metrics.host": metrics_host,
+        **{f"server.retention.{key}": value
+           for key, value in retention_flags(retention_max_age, retention_max_bytes, retention_mode).items()},
     }
     config = build_config(config_file, role, flags)
     config.gateway.proxy.backend_config()  # a bad backend combination fails now, not at the first session

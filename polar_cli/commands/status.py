@@ -27,6 +27,7 @@ from polar_cli.commands.run import add_result_columns, result_cells, styled
 from polar_cli.commands.submit import ServerOption, TokenOption
 from polar_cli.errors import PolarError
 from polar_cli.models import RecentRewards, ServiceStatus, SessionState, StatusReport, TaskStatus
+from polar_cli.server.retention import format_size
 
 WATCH_TIMEOUT_S = 10.0
 """Each request of ``--watch``: a server that hangs shows up as an error within this, and the next refresh tries
@@ -101,6 +102,8 @@ def service_tables(status: ServiceStatus) -> Group:
     if status.pending_callbacks is not None:
         pending += f"   trainer callbacks not yet delivered: {status.pending_callbacks}"
     parts.append(pending)
+    if status.disk is not None or status.retention is not None:
+        parts.append(disk_table(status))
     if status.rewards is not None and status.rewards.tasks:
         parts.extend(recent_reward_tables(status.rewards))
     if isinstance(status, StatusReport):
@@ -109,6 +112,29 @@ def service_tables(status: ServiceStatus) -> Group:
         elif status.inference_error is not None:
             parts.append(f"[red]inference pools: {escape(status.inference_error)}[/red]")
     return Group(*parts)
+
+
+def disk_table(status: ServiceStatus) -> Table:
+    """The data dir's size as the server last measured it, and what retention is set to do and has done."""
+    table = Table(title="disk (the server's data dir)", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    disk = status.disk
+    if disk is not None:
+        table.add_row("database", f"{format_size(disk.db_bytes)} ({format_size(disk.db_free_bytes)} free inside)")
+        table.add_row("results", format_size(disk.results_bytes))
+        table.add_row("journals", format_size(disk.journal_bytes))
+        table.add_row("total", f"{format_size(disk.total_bytes)}, measured {_ago(disk.measured_at)}")
+        table.add_row("kept (what max_bytes weighs)", format_size(disk.kept_bytes))
+    retention = status.retention
+    if retention is not None:
+        table.add_row("retention", retention.settings)
+        table.add_row("removed by retention", f"{retention.removed_tasks} tasks")
+        table.add_row("compacted by retention", f"{retention.compacted_tasks} tasks")
+        table.add_row("freed by retention", format_size(retention.freed_bytes))
+        if retention.note:
+            table.add_row("[yellow]note[/yellow]", f"[yellow]{escape(retention.note)}[/yellow]")
+    return table
 
 
 def recent_reward_tables(rewards: RecentRewards) -> list[Table]:
@@ -132,9 +158,10 @@ def task_view(status: TaskStatus) -> RenderableType:
 def task_table(status: TaskStatus) -> Table:
     """One row per session: its state, and its result's columns once it has finished."""
     finished = {r.session_id: r for r in status.results}
+    compacted = " (compacted by retention: traces dropped)" if status.retention == "compacted" else ""
     table = Table(
         title=f"task {status.task_id}: {styled(status.state)}, {status.completed} completed, {status.failed} failed "
-        f"of {status.num_samples}"
+        f"of {status.num_samples}{compacted}"
     )
     table.add_column("session")
     table.add_column("state")

@@ -103,9 +103,18 @@ class GatewayConfig(StrictModel):
     def _token(cls, value: Any) -> Any:
         return value or new_token()  # never open: a missing token is a generated one
 
+    @property
+    def results_dir(self) -> Path:
+        """Where each session's SessionResult is kept (``polar_cli.gateway.results.ResultStore``)."""
+        return self.data_dir / "results"
+
+    @property
+    def journal_dir(self) -> Path:
+        """Where each session's Completions are journaled (the proxy's ``journal_dir``, default ``journal/``)."""
+        return self.proxy.journal_dir or self.data_dir / "journal"
+
     def proxy_config(self) -> ProxyConfig:
-        journal = self.proxy.journal_dir or self.data_dir / "journal"
-        return self.proxy.model_copy(update={"journal_dir": journal, "control_token": self.control_token})
+        return self.proxy.model_copy(update={"journal_dir": self.journal_dir, "control_token": self.control_token})
 
 
 class AgentConfig(StrictModel):

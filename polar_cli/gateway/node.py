@@ -58,7 +58,7 @@ class GatewayNode:
     ) -> None:
         self.config = config or GatewayConfig()
         self.proxy = proxy or ProxyState(self.config.proxy_config())
-        self.store = ResultStore(self.config.data_dir / "results")
+        self.store = ResultStore(self.config.results_dir)
         self._node_id = node_id or local_node_id(self.config.data_dir)
         self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir,
                                            node_id=self._node_id)  # fmt: skip

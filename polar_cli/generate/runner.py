@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,9 @@ from polar_cli.proxy import ProxyConfig
 from polar_cli.registry import get_dataset
 from polar_cli.rewards import DEFAULT_MIN_REWARD
 from polar_cli.server.config import ServerConfig
+from polar_cli.server.retention import RetentionConfig
 
+log = logging.getLogger(__name__)
 SERVICE_DIR = "service"
 RETRYABLE = "error"
 
@@ -114,12 +117,17 @@ def check_tasks(ledger: Ledger, tasks: list[TaskRequest]) -> None:
             )
 
 
-def embedded_serve_config(out: Path, proxy: ProxyConfig, pipeline: PipelineConfig | None = None) -> ServeConfig:
-    """``polar serve``'s one-process topology on loopback, its data under ``<out>/service``."""
+def embedded_serve_config(
+    out: Path, proxy: ProxyConfig, pipeline: PipelineConfig | None = None, retention: RetentionConfig | None = None
+) -> ServeConfig:
+    """``polar serve``'s one-process topology on loopback, its data under ``<out>/service`` (``retention``: what of
+    it may go once the ledger holds it; default: nothing)."""
     data_dir = out / SERVICE_DIR
     return ServeConfig(
         role="all",
-        server=ServerConfig(port=0, data_dir=data_dir, heartbeat_interval_s=1.0),
+        server=ServerConfig(
+            port=0, data_dir=data_dir, heartbeat_interval_s=1.0, retention=retention or RetentionConfig()
+        ),
         gateway=GatewayConfig(
             port=0, data_dir=data_dir, proxy=proxy, pipeline=pipeline or PipelineConfig(), backend_check="fail"
         ),
@@ -194,6 +202,7 @@ class _Run:
             if (result.status == RETRYABLE or empty) and attempt <= self.options.max_retries:
                 why = result.error or ("no trainable tokens" if empty else result.status)
                 self.ledger.end_attempt(task.task_id, sample, attempt, result.status, why)
+                await self.acknowledge(body.task_id)
                 self.progress.retries += 1
                 attempt += 1
                 continue
@@ -201,8 +210,17 @@ class _Run:
                 self.progress.done += 1
                 self.progress.accepted += row.accepted
                 self.progress.failed += result.status != "completed"
+            await self.acknowledge(body.task_id)
             self.tick()
             return
+
+    async def acknowledge(self, service_task_id: str) -> None:
+        """The ledger holds the service task's outcome (committed just before): the service's retention may drop its
+        copy. A service that cannot take the acknowledgement keeps everything, which is never wrong."""
+        try:
+            await self.client.ack(service_task_id)
+        except PolarError as exc:
+            log.warning("could not acknowledge service task %s: %s", service_task_id, exc)
 
     async def run(self, work: list[tuple[TaskRequest, int, str]]) -> None:
         queue = iter(work)

@@ -32,6 +32,13 @@ class SubmitAnswer(BaseModel):
     created: bool = True
 
 
+class AckAnswer(BaseModel):
+    """``POST /rollout/task/{task_id}/ack``: the ended task is acknowledged (``acked_at``: the first time it was)."""
+
+    task_id: str
+    acked_at: float
+
+
 class TaskList(BaseModel):
     """``GET /rollout/tasks?since=T``: the tasks that ended (completed, failed or cancelled) at or after ``since``
     (seconds since the epoch), oldest first (by submission)."""
@@ -100,6 +107,39 @@ class Throughput(BaseModel):
     sampled_tokens: int = 0
 
 
+class DiskUsage(BaseModel):
+    """The rollout server's data dir as last measured (``polar_cli.server.disk``): its database files, and the
+    results and journals of its embedded gateway (role ``all``), in bytes."""
+
+    measured_at: float
+    db_bytes: int = 0
+    """server.db with its WAL files, as on disk."""
+    db_free_bytes: int = 0
+    """Free pages inside server.db (what retention freed there, reused for new results before the file grows)."""
+    results_bytes: int = 0
+    journal_bytes: int = 0
+    total_bytes: int = 0
+    """db_bytes + results_bytes + journal_bytes."""
+    data_bytes: int = 0
+    """The task bodies and results stored in server.db (its indexes and free pages not counted)."""
+    kept_bytes: int = 0
+    """What retention's ``max_bytes`` is compared with: data_bytes + results_bytes + journal_bytes."""
+
+
+class RetentionStatus(BaseModel):
+    """What retention is set to do (``settings``, e.g. ``remove acknowledged tasks after 7d or over 50.0 GB``) and
+    what it has done since the data dir was created."""
+
+    settings: str
+    compacted_tasks: int = 0
+    removed_tasks: int = 0
+    freed_bytes: int = 0
+    """Results, task bodies and files retention removed or shrank."""
+    last_run_at: float | None = None
+    note: str | None = None
+    """Why retention could not bring the data kept under ``max_bytes`` (nothing acknowledged left to act on)."""
+
+
 class ServiceStatus(BaseModel):
     """``GET /rollout/status``: tasks by state, sessions by state, the nodes, throughput over the last minutes, and the
     reward statistics of the tasks that ended last (per task and per harness)."""
@@ -113,6 +153,8 @@ class ServiceStatus(BaseModel):
     server_time: float | None = None
     """The server's clock (Unix seconds) when it answered."""
     rewards: RecentRewards | None = None
+    disk: DiskUsage | None = None
+    retention: RetentionStatus | None = None
 
 
 class GatewayPool(BaseModel):

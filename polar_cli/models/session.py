@@ -55,3 +55,9 @@ class TaskStatus(BaseModel):
     rewards: RewardStats | None = Field(
         default=None, description="the finished sessions' reward statistics (the task is one group; None: not asked)"
     )
+    acked_at: float | None = Field(
+        default=None, description="when a trainer acknowledged the ended task (its ack, or its last callback delivered)"
+    )
+    retention: Literal["compacted"] | None = Field(
+        default=None, description="compacted: retention dropped the results' traces (their summaries stay)"
+    )

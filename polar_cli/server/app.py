@@ -79,6 +79,9 @@ def create_app(server: RolloutServer) -> web.Application:
             raise ConfigError("since must be a time in seconds since the epoch") from exc
         return _json(await server.ended_tasks(since))
 
+    async def ack(request: web.Request) -> web.Response:
+        return _json(await server.ack(request.match_info["task_id"]))
+
     async def cancel(request: web.Request) -> web.Response:
         return _json(await server.cancel(request.match_info["task_id"]))
 
@@ -137,6 +140,7 @@ def create_app(server: RolloutServer) -> web.Application:
     app.router.add_get("/rollout/task/{task_id}", guard(task_status))
     app.router.add_get("/rollout/task/{task_id}/request", guard(task_request))
     app.router.add_delete("/rollout/task/{task_id}", guard(cancel))
+    app.router.add_post("/rollout/task/{task_id}/ack", guard(ack))
     app.router.add_get("/rollout/tasks", guard(ended_tasks))
     app.router.add_get("/rollout/status", guard(status))
     app.router.add_get("/metrics", guard(metrics_handler([server.exposition])))

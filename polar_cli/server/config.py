@@ -9,6 +9,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from polar_cli.backoff import Backoff
 from polar_cli.models import StrictModel
 from polar_cli.models.inference import INITIAL_POLICY_VERSION, MAX_POLICY_VERSION
+from polar_cli.server.retention import RetentionConfig
 
 DB_NAME = "server.db"
 
@@ -42,6 +43,10 @@ class ServerConfig(StrictModel):
         ge=0,
         le=MAX_POLICY_VERSION,
         description="the policy version of a fresh data dir (a restart keeps its own)",
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig,
+        description="what of the tasks a trainer acknowledged may be compacted or removed (default: keep everything)",
     )
 
     def notes(self) -> list[str]:

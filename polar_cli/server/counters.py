@@ -44,11 +44,25 @@ CREATE TRIGGER IF NOT EXISTS outbox_recounted AFTER UPDATE OF delivered_at ON ou
 WHEN OLD.delivered_at IS NULL AND NEW.delivered_at IS NOT NULL BEGIN
     UPDATE counters SET n = n - 1 WHERE kind = 'outbox' AND key = 'undelivered';
 END;
+CREATE TRIGGER IF NOT EXISTS results_sized AFTER UPDATE OF result ON sessions BEGIN
+    INSERT INTO counters VALUES ('data', 'bytes', COALESCE(LENGTH(CAST(NEW.result AS BLOB)), 0)
+        - COALESCE(LENGTH(CAST(OLD.result AS BLOB)), 0)) ON CONFLICT DO UPDATE SET n = n + excluded.n;
+END;
+CREATE TRIGGER IF NOT EXISTS bodies_sized AFTER INSERT ON tasks BEGIN
+    INSERT INTO counters VALUES ('data', 'bytes', LENGTH(CAST(NEW.body AS BLOB)))
+        ON CONFLICT DO UPDATE SET n = n + excluded.n;
+END;
+CREATE TRIGGER IF NOT EXISTS bodies_resized AFTER UPDATE OF body ON tasks BEGIN
+    INSERT INTO counters VALUES ('data', 'bytes', LENGTH(CAST(NEW.body AS BLOB)) - LENGTH(CAST(OLD.body AS BLOB)))
+        ON CONFLICT DO UPDATE SET n = n + excluded.n;
+END;
 """
 """Running counts, kept by triggers in the transaction of each change (so a savepoint rolled back, or a crash, never
 leaves them off): sessions by state (``session``), tasks by state (``task``), each node's assigned sessions
-(``node``: dispatched or running there), undelivered callbacks (``outbox``), and each task's sessions by state
-(``task_counters``). ``GET /rollout/status``, a task's state and dispatch read these instead of scanning sessions."""
+(``node``: dispatched or running there), undelivered callbacks (``outbox``), the bytes of the task bodies and
+results stored (``data``: what retention's ``max_bytes`` weighs; a session is inserted without a result), and each
+task's sessions by state (``task_counters``). ``GET /rollout/status``, a task's state and dispatch read these instead
+of scanning sessions."""
 
 _RECOUNT = """
 DELETE FROM counters;
@@ -59,9 +73,12 @@ INSERT INTO counters SELECT 'node', node_id, COUNT(*) FROM sessions
     WHERE state IN ('dispatched', 'running') AND node_id IS NOT NULL GROUP BY node_id;
 INSERT INTO counters SELECT 'outbox', 'undelivered', COUNT(*) FROM outbox WHERE delivered_at IS NULL;
 INSERT INTO task_counters SELECT task_id, state, COUNT(*) FROM sessions GROUP BY task_id, state;
+INSERT INTO counters SELECT 'data', 'bytes', (SELECT COALESCE(SUM(LENGTH(CAST(body AS BLOB))), 0) FROM tasks)
+    + (SELECT COALESCE(SUM(LENGTH(CAST(result AS BLOB))), 0) FROM sessions);
 """
 """The counters computed from scratch: once, when a database made before them is first opened."""
-COUNTERS_VERSION = "1"
+COUNTERS_VERSION = "2"
+"""Raised when a counter is added: a database counted by an older version is counted again when it opens."""
 
 
 def install_counters(db: sqlite3.Connection) -> None:

@@ -10,7 +10,9 @@ The HTTP routes (``polar_cli.server.app``) call the methods here; nothing here k
 - reconciliation, at start and on every heartbeat: a session the database says a gateway holds, that the gateway
   does not list (and is not being sent to it right now), is looked up there (``GET /sessions/{id}``): a finished one
   is committed, one the gateway does not know is dispatched again;
-- the trainer-callback sender (``polar_cli.server.callbacks``).
+- the trainer-callback sender (``polar_cli.server.callbacks``);
+- retention (``polar_cli.server.retention_runner``): the data dir measured, and acknowledged tasks compacted or
+  removed as configured.
 
 Store calls run on the store threads (``polar_cli.server.store_threads``), never on the event loop.
 """
@@ -38,6 +40,7 @@ from polar_cli.models import NodeLoad, RecentRewards, SessionResult, TaskRequest
 from polar_cli.models.service import (
     TERMINAL_TASK_STATES,
     THROUGHPUT_WINDOWS_S,
+    AckAnswer,
     NodeStatus,
     ServiceStatus,
     SubmitAnswer,
@@ -62,7 +65,9 @@ from polar_cli.node_protocol import (
 from polar_cli.rewards import RECENT_TASKS, RecentTasks
 from polar_cli.server.callbacks import CallbackSender
 from polar_cli.server.config import ServerConfig
+from polar_cli.server.disk import SessionFiles
 from polar_cli.server.inference import InferenceControl
+from polar_cli.server.retention_runner import RetentionRunner
 from polar_cli.server.scheduler import NodeView, spread
 from polar_cli.server.store import (
     ASSIGNED,
@@ -116,7 +121,11 @@ class NodeLive:
 class RolloutServer:
     """``async with RolloutServer(config) as server:`` runs the background work; ``create_app`` serves it."""
 
-    def __init__(self, config: ServerConfig, store: SessionStore | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, store: SessionStore | None = None, *, session_files: SessionFiles | None = None
+    ) -> None:
+        """``session_files``: where the gateway embedded beside it keeps each session's files (role ``all``), so
+        retention measures and removes them too."""
         self.config = config
         self.store: SessionStore = store or SQLiteStore(config.db_path)
         self.threads = StoreThreads(store=self.store)
@@ -128,6 +137,7 @@ class RolloutServer:
         self.inference = InferenceControl(
             self.store, self.threads, self.gateways, self._live_nodes, config.initial_policy_version
         )
+        self.retention = RetentionRunner(config.retention, self.store, self.threads, config.db_path, session_files)
         self.metrics = ServerMetrics()
         self.metrics.watch(self._metrics_reading)
         self.callbacks.metrics = self.metrics
@@ -173,10 +183,12 @@ class RolloutServer:
             self._nodes[node.node_id] = node
             self._live[node.node_id] = NodeLive(last_seen=now)  # a grace period: a full dead-after span to heartbeat
         self._node_tokens = {token_digest(node.token) for node in self._nodes.values()}
+        await self.retention.pass_logged()  # what is due goes before anything is served; then every interval_s
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="polar-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="polar-liveness"),
             asyncio.create_task(self.callbacks.run(), name="polar-callbacks"),
+            asyncio.create_task(self.retention.run(), name="polar-retention"),
         ]
         self._spawn(self._reconcile())
 
@@ -253,6 +265,10 @@ class RolloutServer:
     async def ended_tasks(self, since: float) -> TaskList:
         return TaskList(since=since, task_ids=await self.threads.read(self.store.ended_tasks, since))
 
+    async def ack(self, task_id: str) -> AckAnswer:
+        """The trainer has what it needs of the ended task: retention may compact or remove it."""
+        return AckAnswer(task_id=task_id, acked_at=await self.threads.write(self.store.ack_task, task_id))
+
     async def cancel(self, task_id: str) -> TaskStatus:
         for row in await self.threads.write(self.store.cancel_task, task_id):
             if row.node_id is not None:
@@ -283,6 +299,8 @@ class RolloutServer:
             throughput=self._throughput(now),
             server_time=now,
             rewards=self._recent_rewards(),
+            disk=self.retention.usage,
+            retention=self.retention.status(),
         )
 
     def _recent_rewards(self) -> RecentRewards:

@@ -36,6 +36,15 @@ from polar_cli.models import (
 )
 from polar_cli.rewards import task_reward_stats
 from polar_cli.server.counters import install_counters
+from polar_cli.server.retention import Candidate, RetentionMode
+from polar_cli.server.store_retention import (
+    RETENTION_COLUMNS,
+    RETENTION_INDEXES,
+    RetentionCounts,
+    RetentionQueries,
+    Retired,
+    removed_error,
+)
 
 UNFINISHED = ("pending", "dispatched", "running")
 ASSIGNED = ("dispatched", "running")
@@ -179,6 +188,12 @@ class SessionStore(Protocol):
     def next_callback_at(self) -> float | None: ...
     def meta(self, key: str) -> str | None: ...
     def set_meta(self, key: str, value: str) -> None: ...
+    def ack_task(self, task_id: str) -> float: ...
+    def retention_candidates(self, mode: RetentionMode) -> Iterator[Candidate]: ...
+    def task_data(self, task_id: str) -> tuple[int, list[str]]: ...
+    def retire(self, task_id: str, mode: RetentionMode, file_bytes: int = 0) -> Retired | None: ...
+    def retention_counts(self) -> RetentionCounts: ...
+    def db_bytes(self) -> tuple[int, int, int]: ...
     def close(self) -> None: ...
 
 
@@ -212,7 +227,7 @@ CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions(state);
 sorting every pending session."""
 
 
-_ADDED_COLUMNS = {"nodes": {"placement": "TEXT"}}
+_ADDED_COLUMNS = {"nodes": {"placement": "TEXT"}, "tasks": RETENTION_COLUMNS}
 """Columns added to a table after it was first released: a database made before gets them when it opens (``CREATE
 TABLE IF NOT EXISTS`` leaves an existing table as it was)."""
 
@@ -232,7 +247,7 @@ _NOT_WAITING = (
 """An outbox entry (``o``) that is not a task's status still waiting for one of the task's session results."""
 
 
-class SQLiteStore:
+class SQLiteStore(RetentionQueries):
     """:class:`SessionStore` in one SQLite file (WAL, ``synchronous=FULL``: a commit survives a power cut)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -245,6 +260,7 @@ class SQLiteStore:
         with self._tx() as db:
             _add_columns(db)
             install_counters(db)
+        self._db.executescript(RETENTION_INDEXES)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -337,7 +353,11 @@ class SQLiteStore:
         digest = task_digest(task)
         now = time.time()
         with self._tx() as db:
-            row = db.execute("SELECT digest, state FROM tasks WHERE task_id = ?", (task.task_id,)).fetchone()
+            row = db.execute(
+                "SELECT digest, state, retained, retained_at FROM tasks WHERE task_id = ?", (task.task_id,)
+            ).fetchone()
+            if row is not None and row["retained"] == "removed":
+                raise removed_error(task.task_id, row["retained_at"])
             if row is not None:
                 if row["digest"] != digest:
                     raise SessionExistsError(
@@ -347,7 +367,8 @@ class SQLiteStore:
                 return Submitted(task.task_id, row["state"], created=False)
             body = orjson.dumps(task.model_dump(mode="json")).decode()
             db.execute(
-                "INSERT INTO tasks VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
+                "INSERT INTO tasks (task_id, body, digest, num_samples, callback_url, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
                 (task.task_id, body, digest, task.num_samples, task.callback_url, now, now),
             )
             db.executemany(
@@ -358,9 +379,11 @@ class SQLiteStore:
         return Submitted(task.task_id, "pending", created=True)
 
     def task(self, task_id: str) -> TaskRequest:
-        row = self._db.execute("SELECT body FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        row = self._db.execute("SELECT body, retained, retained_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         if row is None:
             raise SessionError(f"unknown task {task_id!r}")
+        if row["retained"] == "removed":
+            raise removed_error(task_id, row["retained_at"])
         return TaskRequest.model_validate_json(row["body"])
 
     def task_state(self, task_id: str) -> TaskState:
@@ -375,6 +398,8 @@ class SQLiteStore:
             task = db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
             if task is None:
                 raise SessionError(f"unknown task {task_id!r}")
+            if task["retained"] == "removed":
+                raise removed_error(task_id, task["retained_at"])
             columns = "session_id, state, result" if with_results else "session_id, state, NULL AS result"
             rows = db.execute(
                 f"SELECT {columns} FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
@@ -403,6 +428,8 @@ class SQLiteStore:
             error=error,
             harness=orjson.loads(task["body"]).get("agent", {}).get("harness"),
             rewards=task_reward_stats(results) if with_results else None,
+            acked_at=task["acked_at"],
+            retention=task["retained"],
         )
 
     def _status_counts(self, task_id: str) -> dict[str, int]:
@@ -426,16 +453,17 @@ class SQLiteStore:
         """The ``limit`` tasks that ended last (completed, failed or cancelled), the newest first."""
         rows = self._db.execute(
             "SELECT task_id FROM tasks WHERE state IN ('completed', 'failed', 'cancelled') "
-            "ORDER BY updated_at DESC, task_id LIMIT ?",
+            "AND retained IS NOT 'removed' ORDER BY updated_at DESC, task_id LIMIT ?",
             (limit,),
         ).fetchall()
         return [r["task_id"] for r in rows]
 
     def ended_tasks(self, since: float) -> list[str]:
-        """The tasks that ended at or after ``since`` (an ended task's ``updated_at``: when it ended), oldest first."""
+        """The tasks that ended at or after ``since`` (an ended task's ``updated_at``: when it ended), oldest first;
+        those retention removed left out."""
         rows = self._db.execute(
             "SELECT task_id FROM tasks WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at >= ? "
-            "ORDER BY created_at, task_id",
+            "AND retained IS NOT 'removed' ORDER BY created_at, task_id",
             (since,),
         )
         return [r[0] for r in rows]
@@ -756,10 +784,17 @@ class SQLiteStore:
         ]
 
     def callback_delivered(self, callback_id: int) -> None:
+        """Delivered; a ``task_status`` (sent only once every result of its task was) acknowledges its task."""
+        now = time.time()
         with self._tx() as db:
-            db.execute(
-                "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 WHERE id = ?", (time.time(), callback_id)
-            )
+            row = db.execute(
+                "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 WHERE id = ? RETURNING kind, task_id",
+                (now, callback_id),
+            ).fetchone()
+            if row is not None and row["kind"] == "task_status":
+                db.execute(
+                    "UPDATE tasks SET acked_at = ? WHERE task_id = ? AND acked_at IS NULL", (now, row["task_id"])
+                )
 
     def callback_failed(self, callback_id: int, next_at: float, error: str) -> None:
         with self._tx() as db:

@@ -36,6 +36,7 @@ _ERROR_TYPES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    410: "gone",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
