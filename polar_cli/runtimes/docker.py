@@ -53,6 +53,7 @@ LABEL_OWNER = "polar.owner"
 LABEL_SCRATCH = "polar.scratch"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SERVER_START_SECONDS = 60.0
+WAIT_POLL_FIRST, WAIT_POLL_MAX = 0.1, 1.0  # seconds between engine asks while an engine exec's output stays open
 T = TypeVar("T")
 
 
@@ -180,8 +181,15 @@ class DockerProcess(RuntimeProcess):
         return not info.get("Running") and info.get("ExitCode") is not None
 
     async def wait(self) -> int:
-        delay = 0.02
+        """Wake when the output ends (the command has most likely just exited) and ask the engine once. A background
+        child can hold the output open after the command exited: until it ends, ask at a slowing pace (each ask is
+        an engine call, and a harness runs for minutes)."""
+        delay = WAIT_POLL_FIRST
         while self._exit_code is None:
+            if not self._eof.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._eof.wait(), delay)
+                delay = min(delay * 2, WAIT_POLL_MAX)
             try:
                 info = await self._inspect()
             except RuntimeFailure as exc:
@@ -196,11 +204,7 @@ class DockerProcess(RuntimeProcess):
                 self._exit_code = 137  # its container died before the command could start
                 break
             if self._eof.is_set():
-                await asyncio.sleep(0.01)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._eof.wait(), delay)
-                delay = min(delay * 2, 0.5)
+                await asyncio.sleep(0.01)  # the engine records the exit a moment after the stream ends
         return self._exit_code
 
     async def terminate(self, grace: float = KILL_GRACE_SECONDS) -> None:

@@ -89,11 +89,12 @@ def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: P
     assert list(scratch_root.iterdir()) == []
 
 
-def test_timeout_kills_process_group_inside_container(scratch_root: Path) -> None:
+@pytest.mark.parametrize("long_running", [False, True], ids=["served", "engine-exec"])
+def test_timeout_kills_process_group_inside_container(scratch_root: Path, long_running: bool) -> None:
     async def body() -> None:
         async with await start(scratch_root) as handle:
             script = "sleep 300 & echo $! > /polar/session/child.pid; trap '' TERM; echo up; wait"
-            result = await handle.exec(["sh", "-c", script], timeout=2.0, kill_grace=0.5)
+            result = await handle.exec(["sh", "-c", script], timeout=2.0, kill_grace=0.5, long_running=long_running)
             assert result.timed_out and result.stdout == "up\n"
             child = (handle.session_dir / "child.pid").read_text().strip()
             assert (await handle.exec(["test", "-e", f"/proc/{child}"])).exit_code == 1
@@ -257,11 +258,13 @@ def test_a_command_not_started_yet_has_no_exit_status(scratch_root: Path) -> Non
     assert list(scratch_root.iterdir()) == []
 
 
-def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
-    """Many short execs (POLAR_DOCKER_EXECS, default 400; the bug showed about once in 200-300): every status and
-    output is the command's own, never 137 for a command that had not started yet."""
+@pytest.mark.parametrize("long_running", [False, True], ids=["served", "engine-exec"])
+def test_every_exec_reports_its_own_exit_status(scratch_root: Path, long_running: bool) -> None:
+    """Many short commands, 16 at a time (POLAR_DOCKER_EXECS, default 400 served and 100 as engine execs, where the
+    bug showed about once in 200-300): every status and output is the command's own, never 137 for a command that
+    had not started yet."""
     commands = [(["true"], 0, ""), (["sh", "-c", "exit 3"], 3, ""), (["echo", "x"], 0, "x\n")]
-    count = int(os.environ.get("POLAR_DOCKER_EXECS", "400"))
+    count = int(os.environ.get("POLAR_DOCKER_EXECS", "100" if long_running else "400"))
 
     async def body() -> list[tuple[int, int, str, str]]:
         async with await start(scratch_root, session_id="many-execs") as handle:
@@ -270,7 +273,7 @@ def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
             async def one(i: int) -> tuple[int, int, str, str]:
                 argv, _, _ = commands[i % len(commands)]
                 async with gate:
-                    result = await handle.exec(argv, timeout=120)
+                    result = await handle.exec(argv, timeout=120, long_running=long_running)
                 return i, result.exit_code, result.stdout, result.stderr
 
             return await asyncio.gather(*(one(i) for i in range(count)))
