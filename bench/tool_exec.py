@@ -11,18 +11,24 @@ own against the same engine and image. Rows:
 - ``shell tool``: what a harness's shell tool pays per command: node's ``spawnSync("bash", ["-c", "true"])`` inside
   the container, timed by node itself (``--commands`` of them). A harness runs its tool commands itself, inside its
   own process tree, so Polar's exec path is not on this path at all: both columns should agree;
+- ``shell harness, between model calls``: ``polar run`` of the ``shell`` harness's reference agent in a container,
+  scripted to call its bash tool ``--tool-calls`` times (``true``; at most 49, the agent stops at 50 turns) before
+  answering: the gap between one model call's end and the next one's start in the journal (tool command, the agent's
+  own loop, the HTTP call reaching the gateway), and the model call itself (the scripted backend);
 - ``local exec true``: the local runtime's round trip, for comparison.
 
 The machine's ceilings beside them: ``docker exec CID true`` from the CLI, the Engine API's exec create + start +
 inspect, and a host fork+exec of ``true``.
 
-    python bench/tool_exec.py [--before main] [--execs 200] [--commands 200] [--files 500] [--megabytes 20]
+    python bench/tool_exec.py [--before main] [--execs 200] [--commands 200] [--tool-calls 40] [--files 500]
+        [--megabytes 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -126,6 +132,38 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def harness_gaps(code: Path, commands: int) -> dict[str, list[float]]:
+    """Milliseconds between the reference agent's model calls, and of the calls, from ``polar run``'s journal."""
+    import yaml
+
+    from polar_cli.harnesses.shell import REFERENCE_AGENT, reference_agent_source
+
+    call = {"function": {"name": "bash", "arguments": {"command": "true"}}}
+    script = [{"content": None, "tool_calls": [call]} for _ in range(commands)] + [{"content": "done"}]
+    task = {
+        "instruction": f"run true {commands} times",
+        "agent": {"harness": "shell", "config": {"command": f'exec node "$HOME/{REFERENCE_AGENT}"',
+                                                 "files": {REFERENCE_AGENT: reference_agent_source()}}},
+        "runtime": {"backend": "docker", "image": IMAGE},
+        "builder": {"strategy": "per_request"},
+        "evaluator": {"strategy": "session_completion"},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="polar-bench-run-") as tmp:
+        root = Path(tmp)
+        (root / "task.yaml").write_text(yaml.safe_dump(task))
+        (root / "script.yaml").write_text(yaml.safe_dump(script))
+        argv = [sys.executable, "-m", "polar_cli", "run", "task.yaml", "--script", "script.yaml", "--json",
+                "--out", "out", "--data-dir", "data"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(code), "POLAR_LOAD_PLUGINS": ""}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=root)
+        if done.returncode != 0:
+            raise SystemExit(f"polar run with {code} failed:\n{done.stderr[-3000:]}")
+        journal = next((root / "data" / "journal").glob("*.jsonl"))
+        rows = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    gaps = [(b["started_at"] - a["finished_at"]) * 1000 for a, b in itertools.pairwise(rows)]
+    return {"gap": gaps, "call": [(r["finished_at"] - r["started_at"]) * 1000 for r in rows]}
+
+
 def ceilings(n: int) -> dict[str, list[float]]:
     """The machine's own floor: docker exec from the CLI, the Engine API's exec, a host fork+exec."""
     import docker
@@ -171,6 +209,7 @@ def main() -> None:
     parser.add_argument("--before", default="main", help="git revision for the 'before' column")
     parser.add_argument("--execs", type=int, default=200)
     parser.add_argument("--commands", type=int, default=200)
+    parser.add_argument("--tool-calls", type=int, default=40, choices=range(1, 50), metavar="1..49")
     parser.add_argument("--files", type=int, default=500)
     parser.add_argument("--megabytes", type=float, default=20.0)
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
@@ -187,7 +226,8 @@ def main() -> None:
                                  capture_output=True, check=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", before_dir], input=archive, check=True)
         before = run_measure(args, Path(before_dir))
-    after = run_measure(args, REPO)
+        before |= harness_gaps(Path(before_dir), args.tool_calls)
+    after = run_measure(args, REPO) | harness_gaps(REPO, args.tool_calls)
     floor = ceilings(min(args.execs, 50))
 
     def ms(values: list[float]) -> str:
@@ -205,8 +245,10 @@ def main() -> None:
         table.add_row(f"upload {size} {what}", f"{before[key]:.2f} s", f"{after[key]:.2f} s", "")
     table.add_row("shell tool per command (in the harness)", ms(before["shell_tool"]), ms(after["shell_tool"]),
                   f"host fork+exec {ms(floor['fork'])}")  # fmt: skip
+    table.add_row("shell harness: between model calls", ms(before["gap"]), ms(after["gap"]), "")
+    table.add_row("shell harness: model call (scripted)", ms(before["call"]), ms(after["call"]), "")
     table.add_row("local runtime exec true", ms(before["local_exec"]), ms(after["local_exec"]), "")
-    Console().print(table)
+    Console(width=150).print(table)
 
 
 if __name__ == "__main__":
