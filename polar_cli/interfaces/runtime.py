@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 SESSION_PATH = "/polar/session"
 HOME_PATH = "/polar/home"
 TOOLS_PATH = "/polar/tools"
-RUN_PATH = "/polar/run"  # container runtimes' control dir (pid and stdin files), not for harnesses
+RUN_PATH = "/polar/run"  # container runtimes' control dir (pid, stdin, exec server files), not for harnesses
 
 Stream = Literal["stdout", "stderr"]
 OutputCallback = Callable[[Stream, bytes], None]
