@@ -3,7 +3,9 @@
 The container runs ``config.command`` (default ``sleep infinity`` under docker's init), labelled
 ``polar.session=<id>``, ``polar.runtime=docker``, ``polar.owner=<host>:<pid>`` and ``polar.scratch=<dir>`` so that
 :meth:`DockerRuntime.cleanup` finds leftovers. Network mode defaults to ``host`` so commands reach a gateway on
-127.0.0.1. Commands are ``docker exec`` s; stop removes the container and the session's host directories.
+127.0.0.1. Short commands go through the container's exec server (``exec_server.py``: one ``docker exec`` per
+sandbox); the harness (``long_running``), and every command where the server cannot run, is a ``docker exec`` of its
+own. Stop removes the container and the session's host directories.
 Blocking client calls run in a thread. ``config``: ``pull`` (missing|never|always, default missing), ``user``,
 ``init`` (default true), ``command`` (argv of the keep-alive process).
 """

@@ -18,6 +18,10 @@ stderr at two FIFOs the host made and holds open for reading, stdin at a file or
 for a missing command). Nothing of the argv is ever parsed by a shell. The engine exec's stream ending means the
 server (or its container) is gone: every command still running is reported as exit 137 and the next request starts
 a new server.
+
+The caller keeps an engine exec per command for what the server should not or cannot run: a long-running command
+(the harness: nothing the agent does to the server may lose track of it), per-call env names that are not shell
+identifiers (:func:`serves`), and images without ``bash``.
 """
 
 from __future__ import annotations
