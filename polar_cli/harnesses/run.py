@@ -81,6 +81,7 @@ async def run_harness(
         timeout=timeout,
         stdin=launch.stdin,
         on_output=on_output,
+        long_running=True,
     )
     run = HarnessRun(
         exit_code=result.exit_code,

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 SESSION_PATH = "/polar/session"
 HOME_PATH = "/polar/home"
 TOOLS_PATH = "/polar/tools"
-RUN_PATH = "/polar/run"  # container runtimes' control dir (pid and stdin files), not for harnesses
+RUN_PATH = "/polar/run"  # container runtimes' control dir (pid, stdin, exec server files), not for harnesses
 
 Stream = Literal["stdout", "stderr"]
 OutputCallback = Callable[[Stream, bytes], None]
@@ -148,8 +148,13 @@ class RuntimeHandle(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        long_running: bool = False,
     ) -> RuntimeProcess:
-        """Start ``argv`` in the runtime (its own process group; stdin is ``stdin`` or closed)."""
+        """Start ``argv`` in the runtime (its own process group; stdin is ``stdin`` or closed).
+
+        ``long_running``: the command may run for the whole session (a harness). Container runtimes run short
+        commands through a shared server inside the container (one fork instead of one engine exec); a long-running
+        one gets an engine exec of its own, so nothing the agent does to that server can lose track of it."""
 
     @abstractmethod
     async def upload(self, local: Path, remote: str) -> None:
@@ -181,13 +186,17 @@ class RuntimeHandle(ABC):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         kill_grace: float = KILL_GRACE_SECONDS,
+        long_running: bool = False,
     ) -> ExecResult:
         """Run ``argv`` to completion with a deadline; the long-running form for harnesses.
 
         On timeout the process group is killed and ``timed_out`` is set. If the awaiting task is cancelled, the
         process group is killed before ``CancelledError`` propagates. ``on_output`` sees every chunk as it arrives.
+        ``long_running``: see :meth:`spawn`.
         """
-        process = await self.spawn(argv, env=env, cwd=cwd, stdin=stdin)
+        # passed only when set, so a plugin runtime whose spawn predates it keeps working for every other command
+        extra = {"long_running": True} if long_running else {}
+        process = await self.spawn(argv, env=env, cwd=cwd, stdin=stdin, **extra)
         buffers: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
 
         async def pump() -> None:

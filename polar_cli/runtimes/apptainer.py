@@ -149,6 +149,7 @@ class ApptainerHandle(ContainerHandle):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        long_running: bool = False,
     ) -> RuntimeProcess:
         command = self.check_argv(argv)
         pid_file, prefix = await self.control_files(stdin)

@@ -2,11 +2,13 @@
 
 Host scratch dirs are bind-mounted at fixed paths: ``session`` at /polar/session, ``home`` at /polar/home, ``run`` at
 /polar/run (control files: pid files, stdin), the tools dir read-only at /polar/tools. Files under the first two are
-copied on the host side; anything else goes through a staging file in ``run`` and ``cp -a`` inside the container.
+copied on the host side (no exec at all); anything else goes through a staging file in ``run`` and one command inside
+the container (:data:`COPY_SCRIPT`: mkdir, then ``cp -a``, or ``cp`` and ``chmod`` for a written file).
 
-Every command runs as ``/bin/sh -c EXEC_SCRIPT polar-exec PIDFILE STDIN ARGV...``: the wrapper records its pid (the
+Every engine exec runs as ``/bin/sh -c EXEC_SCRIPT polar-exec PIDFILE STDIN ARGV...``: the wrapper records its pid (the
 command's process group: container runtimes start each exec as a session leader) so a timeout or cancel can kill the
-group from inside, then ``exec``s the argv unchanged. A missing command therefore exits 127.
+group from inside, then ``exec``s the argv unchanged. A missing command therefore exits 127. (Docker runs short
+commands through its in-container exec server instead, see ``exec_server.py``.)
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from polar_cli.runtimes.files import copy_path, under, write_bytes
 from polar_cli.runtimes.scratch import Scratch, remove_tree
 
 EXEC_SCRIPT = 'p="$1"; i="$2"; shift 2; echo $$ >"$p"; exec "$@" <"$i"'
+# a copy outside the bind mounts in one exec: `sh -c COPY_SCRIPT sh SOURCE TARGET_DIR TARGET MODE`; an upload
+# (MODE '') keeps what `cp -a` keeps, a written file (MODE set) belongs to the container's user, with that mode
+COPY_SCRIPT = (
+    'mkdir -p -- "$2" && if [ -z "$4" ]; then cp -a -- "$1" "$3"; else cp -- "$1" "$3" && chmod -- "$4" "$3"; fi'
+)
 # kill the recorded process group (and the pid itself, should it not lead a group): `sh -c KILL_SCRIPT sh SIG PID`
 KILL_SCRIPT = 'kill -s "$1" -- "-$2" 2>/dev/null; kill -s "$1" "$2" 2>/dev/null; true'
 
@@ -82,6 +89,11 @@ class ContainerHandle(ScratchHandle):
             reason = result.stderr.strip() or f"exit {result.exit_code}"
             raise RuntimeFailure(f"session {self.session_id}: {what} failed: {reason}")
 
+    async def _copy_in(self, staged: str, remote: str, what: str, mode: str = "") -> None:
+        """Copy ``staged`` (in the run dir) to ``remote`` inside the container, parents made, in one command."""
+        source, parent = f"{RUN_PATH}/{staged}", posixpath.dirname(remote) or "/"
+        await self._in_container(["/bin/sh", "-c", COPY_SCRIPT, "sh", source, parent, remote, mode], what)
+
     async def upload(self, local: Path, remote: str) -> None:
         local = Path(local)
         host = self._host(remote)
@@ -91,12 +103,10 @@ class ContainerHandle(ScratchHandle):
         staged = f"xfer-{next(self._counter)}"
         try:
             await copy_path(local, self.scratch.run / staged)
-            if local.is_dir():
-                await self._in_container(["mkdir", "-p", remote], f"mkdir {remote}")
-                await self._in_container(["cp", "-a", f"{RUN_PATH}/{staged}/.", remote], f"upload to {remote}")
+            if local.is_dir():  # the tree's contents into `remote`, made if missing
+                await self._copy_in(f"{staged}/.", f"{remote.rstrip('/')}/.", f"upload to {remote}")
             else:
-                await self._in_container(["mkdir", "-p", posixpath.dirname(remote) or "/"], f"mkdir for {remote}")
-                await self._in_container(["cp", "-a", f"{RUN_PATH}/{staged}", remote], f"upload to {remote}")
+                await self._copy_in(staged, remote, f"upload to {remote}")
         finally:
             remove_tree(self.scratch.run / staged)
 
@@ -122,9 +132,7 @@ class ContainerHandle(ScratchHandle):
         staged = self.scratch.run / f"xfer-{next(self._counter)}"
         try:
             await write_bytes(staged, content, mode)
-            await self._in_container(["mkdir", "-p", posixpath.dirname(path) or "/"], f"mkdir for {path}")
-            await self._in_container(["cp", f"{RUN_PATH}/{staged.name}", path], f"write of {path}")
-            await self._in_container(["chmod", f"{mode:o}", path], f"chmod of {path}")
+            await self._copy_in(staged.name, path, f"write of {path}", f"{mode:o}")
         finally:
             remove_tree(staged)
 

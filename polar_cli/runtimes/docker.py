@@ -4,7 +4,9 @@ The container runs ``config.command`` (default ``sleep infinity`` under docker's
 ``polar.session=<id>``, ``polar.runtime=docker``, ``polar.node=<node id>``, ``polar.owner=<host>:<pid>``,
 ``polar.owner_started=<ticks>`` and ``polar.scratch=<dir>`` so that :meth:`DockerRuntime.leftovers` finds it again
 (``polar_cli.runtimes.gc`` decides what goes). Network mode defaults to ``host`` so commands reach a gateway on
-127.0.0.1. Commands are ``docker exec`` s; stop removes the container and the session's host directories.
+127.0.0.1. Short commands go through the container's exec server (``exec_server.py``: one ``docker exec`` per
+sandbox); the harness (``long_running``), and every command where the server cannot run, is a ``docker exec`` of its
+own. Stop removes the container and the session's host directories.
 Blocking client calls run in a thread. ``config``: ``pull`` (missing|never|always, default missing), ``user``,
 ``init`` (default true), ``command`` (argv of the keep-alive process).
 """
@@ -29,6 +31,7 @@ from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
     KILL_GRACE_SECONDS,
+    RUN_PATH,
     SESSION_PATH,
     TOOLS_PATH,
     Leftover,
@@ -46,6 +49,8 @@ from polar_cli.runtimes.container import (
     open_dirs_for_container_users,
     read_pid,
 )
+from polar_cli.runtimes.exec_server import SERVER_SCRIPT, ExecServer, await_ready, serves
+from polar_cli.runtimes.files import write_bytes
 from polar_cli.runtimes.process import OutputQueue
 from polar_cli.runtimes.scratch import Scratch, remove_tree, this_process
 
@@ -56,6 +61,8 @@ LABEL_SCRATCH = "polar.scratch"
 LABEL_NODE = "polar.node"
 LABEL_OWNER_STARTED = "polar.owner_started"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SERVER_START_SECONDS = 60.0
+WAIT_POLL_FIRST, WAIT_POLL_MAX = 0.1, 1.0  # seconds between engine asks while an engine exec's output stays open
 T = TypeVar("T")
 
 
@@ -112,6 +119,36 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc.__cause__ or exc, NotFound)
 
 
+def pump_stream(sock: Any, emit: Callable[[Stream | None, bytes], None], name: str) -> None:
+    """Read an exec's multiplexed stream in a thread of its own: ``emit(stream, chunk)`` per chunk, then
+    ``emit(None, b"")`` once it ends (the exec ended, or its container went away); the socket is closed after."""
+    from docker.utils.socket import demux_adaptor, frames_iter
+
+    raw = getattr(sock, "_sock", sock)
+    raw.settimeout(None)  # the client's 60 s read timeout must not cut off a quiet command
+
+    def run() -> None:
+        try:
+            for frame in frames_iter(sock, False):
+                out, err = demux_adaptor(*frame)
+                if out:
+                    emit("stdout", out)
+                if err:
+                    emit("stderr", err)
+        except Exception:  # the container went away mid-stream: the output simply ends
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                response = getattr(sock, "_response", None)
+                if response is not None:
+                    response.close()
+                sock.close()
+                raw.close()
+            emit(None, b"")
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+
 class DockerProcess(RuntimeProcess):
     """One ``docker exec``: output streamed from a thread, exit polled, group killed from inside."""
 
@@ -126,32 +163,8 @@ class DockerProcess(RuntimeProcess):
         self._eof = asyncio.Event()  # output ended: the command has most likely just exited
 
     def pump(self, sock: Any) -> None:
-        """Forward the exec's output from a thread of its own (it lives as long as the command), then close it."""
-        from docker.utils.socket import demux_adaptor, frames_iter
-
-        raw = getattr(sock, "_sock", sock)
-        raw.settimeout(None)  # the client's 60 s read timeout must not cut off a quiet harness
-
-        def run() -> None:
-            try:
-                for frame in frames_iter(sock, False):
-                    out, err = demux_adaptor(*frame)
-                    if out:
-                        self._emit("stdout", out)
-                    if err:
-                        self._emit("stderr", err)
-            except Exception:  # the container went away mid-stream: the output simply ends
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    response = getattr(sock, "_response", None)
-                    if response is not None:
-                        response.close()
-                    sock.close()
-                    raw.close()
-                self._emit(None, b"")
-
-        threading.Thread(target=run, name=f"polar-docker-exec-{self._exec_id[:12]}", daemon=True).start()
+        """Forward the exec's output (from a thread that lives as long as the command), then end it."""
+        pump_stream(sock, self._emit, f"polar-docker-exec-{self._exec_id[:12]}")
 
     def _emit(self, stream: Stream | None, chunk: bytes) -> None:
         def put() -> None:
@@ -176,18 +189,16 @@ class DockerProcess(RuntimeProcess):
         process: until then it reads ``Running: false`` with no ``ExitCode``, which is "not yet", never "exited"."""
         return not info.get("Running") and info.get("ExitCode") is not None
 
-    async def _container_running(self) -> bool:
-        try:
-            info = await call("container inspect", self._api.inspect_container, self._handle.container.id)
-        except RuntimeFailure as exc:
-            if _is_not_found(exc):
-                return False
-            raise
-        return bool((info.get("State") or {}).get("Running"))
-
     async def wait(self) -> int:
-        delay = 0.02
+        """Wake when the output ends (the command has most likely just exited) and ask the engine once. A background
+        child can hold the output open after the command exited: until it ends, ask at a slowing pace (each ask is
+        an engine call, and a harness runs for minutes)."""
+        delay = WAIT_POLL_FIRST
         while self._exit_code is None:
+            if not self._eof.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._eof.wait(), delay)
+                delay = min(delay * 2, WAIT_POLL_MAX)
             try:
                 info = await self._inspect()
             except RuntimeFailure as exc:
@@ -198,15 +209,11 @@ class DockerProcess(RuntimeProcess):
             if self._exited(info):
                 self._exit_code = int(info["ExitCode"])
                 break
-            if not info.get("Running") and self._eof.is_set() and not await self._container_running():
+            if not info.get("Running") and self._eof.is_set() and not await self._handle.container_running():
                 self._exit_code = 137  # its container died before the command could start
                 break
             if self._eof.is_set():
-                await asyncio.sleep(0.01)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._eof.wait(), delay)
-                delay = min(delay * 2, 0.5)
+                await asyncio.sleep(0.01)  # the engine records the exit a moment after the stream ends
         return self._exit_code
 
     async def terminate(self, grace: float = KILL_GRACE_SECONDS) -> None:
@@ -238,6 +245,9 @@ class DockerHandle(ContainerHandle):
         self.container: Any = None
         self.workdir = workdir
         self.image_id = ""
+        self._server: ExecServer | None = None
+        self._server_lock = asyncio.Lock()
+        self._server_failure: str | None = None
 
     async def spawn(
         self,
@@ -246,8 +256,12 @@ class DockerHandle(ContainerHandle):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        long_running: bool = False,
     ) -> RuntimeProcess:
         command = self.check_argv(argv)
+        server = None if long_running or not serves(env) else await self._exec_server()
+        if server is not None:
+            return await server.spawn(command, env=env or {}, cwd=cwd or self.workdir, stdin=stdin)
         pid_file, prefix = await self.control_files(stdin)
         created = await call(
             "exec create",
@@ -261,11 +275,62 @@ class DockerHandle(ContainerHandle):
         process.pump(await call("exec start", self.client.api.exec_start, created["Id"], socket=True))
         return process
 
+    async def _exec_server(self) -> ExecServer | None:
+        """The container's exec server, started on first use (again after it died); None where it cannot run
+        (no ``bash`` in the image): then every command is an engine exec of its own."""
+        async with self._server_lock:
+            if self._server is not None and self._server.alive:
+                return self._server
+            if self._server_failure is not None or self.closed:
+                return None
+            control = self.scratch.run / f"server-{next(self._counter)}"
+            control.mkdir()
+            control.chmod(0o777)  # the container's user may be another uid (the scratch root stays 0700)
+            remote = f"{RUN_PATH}/{control.name}"
+            await write_bytes(control / "server.sh", SERVER_SCRIPT, 0o644)
+            created = await call("exec create", self.client.api.exec_create, self.container.id,
+                                 ["bash", f"{remote}/server.sh"], stdin=True, workdir="/")  # fmt: skip
+            sock = await call("exec start", self.client.api.exec_start, created["Id"], socket=True)
+            server = ExecServer(control, remote, getattr(sock, "_sock", sock).sendall)
+            loop = asyncio.get_running_loop()
+
+            def emit(stream: Stream | None, chunk: bytes) -> None:  # the server's stderr is not read
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody listens any more
+                    if stream is None:
+                        loop.call_soon_threadsafe(server.lost)
+                    elif stream == "stdout":
+                        loop.call_soon_threadsafe(server.feed, chunk)
+
+            pump_stream(sock, emit, f"polar-docker-server-{created['Id'][:12]}")
+            try:
+                await await_ready(server, SERVER_START_SECONDS)
+            except RuntimeFailure as exc:
+                server.close()
+                if not await self.container_running():
+                    raise RuntimeFailure(f"session {self.session_id}: the container is not running") from exc
+                self._server_failure = str(exc)
+                return None
+            self._server = server
+            return server
+
+    async def container_running(self) -> bool:
+        try:
+            info = await call("container inspect", self.client.api.inspect_container, self.container.id)
+        except RuntimeFailure as exc:
+            if _is_not_found(exc):
+                return False
+            raise
+        return bool((info.get("State") or {}).get("Running"))
+
     async def kill_in_container(self, sig: str, pid: int) -> None:
+        if self._server is not None and self._server.send(f"k {sig} {pid}"):
+            return
         with contextlib.suppress(RuntimeFailure):
             await call("kill", self.container.exec_run, ["/bin/sh", "-c", KILL_SCRIPT, "sh", sig, str(pid)])
 
     async def release(self, grace: float) -> None:
+        if self._server is not None:
+            self._server.close()
         if self.container is None:
             return
         if grace > 0:

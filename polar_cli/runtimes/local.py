@@ -155,6 +155,7 @@ class LocalHandle(ScratchHandle):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        long_running: bool = False,
     ) -> RuntimeProcess:
         command = self.check_argv(argv)
         workdir = self.host_path(cwd) if cwd else self._workdir

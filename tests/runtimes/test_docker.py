@@ -92,11 +92,12 @@ def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: P
     assert list(scratch_root.iterdir()) == []
 
 
-def test_timeout_kills_process_group_inside_container(scratch_root: Path) -> None:
+@pytest.mark.parametrize("long_running", [False, True], ids=["served", "engine-exec"])
+def test_timeout_kills_process_group_inside_container(scratch_root: Path, long_running: bool) -> None:
     async def body() -> None:
         async with await start(scratch_root) as handle:
             script = "sleep 300 & echo $! > /polar/session/child.pid; trap '' TERM; echo up; wait"
-            result = await handle.exec(["sh", "-c", script], timeout=2.0, kill_grace=0.5)
+            result = await handle.exec(["sh", "-c", script], timeout=2.0, kill_grace=0.5, long_running=long_running)
             assert result.timed_out and result.stdout == "up\n"
             child = (handle.session_dir / "child.pid").read_text().strip()
             assert (await handle.exec(["test", "-e", f"/proc/{child}"])).exit_code == 1
@@ -263,11 +264,13 @@ def test_a_command_not_started_yet_has_no_exit_status(scratch_root: Path) -> Non
     assert list(scratch_root.iterdir()) == []
 
 
-def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
-    """Many short execs (POLAR_DOCKER_EXECS, default 400; the bug showed about once in 200-300): every status and
-    output is the command's own, never 137 for a command that had not started yet."""
+@pytest.mark.parametrize("long_running", [False, True], ids=["served", "engine-exec"])
+def test_every_exec_reports_its_own_exit_status(scratch_root: Path, long_running: bool) -> None:
+    """Many short commands, 16 at a time (POLAR_DOCKER_EXECS, default 400 served and 100 as engine execs, where the
+    bug showed about once in 200-300): every status and output is the command's own, never 137 for a command that
+    had not started yet."""
     commands = [(["true"], 0, ""), (["sh", "-c", "exit 3"], 3, ""), (["echo", "x"], 0, "x\n")]
-    count = int(os.environ.get("POLAR_DOCKER_EXECS", "400"))
+    count = int(os.environ.get("POLAR_DOCKER_EXECS", "100" if long_running else "400"))
 
     async def body() -> list[tuple[int, int, str, str]]:
         async with await start(scratch_root, session_id="many-execs") as handle:
@@ -276,7 +279,7 @@ def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
             async def one(i: int) -> tuple[int, int, str, str]:
                 argv, _, _ = commands[i % len(commands)]
                 async with gate:
-                    result = await handle.exec(argv, timeout=120)
+                    result = await handle.exec(argv, timeout=120, long_running=long_running)
                 return i, result.exit_code, result.stdout, result.stderr
 
             return await asyncio.gather(*(one(i) for i in range(count)))
@@ -284,4 +287,95 @@ def test_every_exec_reports_its_own_exit_status(scratch_root: Path) -> None:
     results = run(body())
     wrong = [(i, code, out, err) for i, code, out, err in results if (code, out) != commands[i % len(commands)][1:]]
     assert wrong == [], f"{len(wrong)} of {count} execs misreported, e.g. {wrong[:5]}"
+    assert list(scratch_root.iterdir()) == []
+
+
+def exec_ids(docker_engine: Any, handle: DockerHandle) -> list[str]:
+    """The engine execs still running in the handle's container."""
+    return docker_engine.api.inspect_container(handle.container.id).get("ExecIDs") or []
+
+
+def test_short_commands_share_one_exec_server(docker_engine: Any, scratch_root: Path) -> None:
+    """Concurrent commands run through one engine exec (the server), each with its own status, output, stdin, env,
+    cwd and process group; a long-running command gets an engine exec of its own."""
+
+    async def body() -> None:
+        async with await start(scratch_root, session_id="served") as handle:
+            script = 'read -r line; echo "$line $X $(pwd)"; echo err-$X >&2; sleep 1; exit "$X"'
+            calls = [handle.exec(["sh", "-c", script], env={"X": str(i)}, cwd="/tmp" if i % 2 else None,
+                                 stdin=f"in-{i}\n".encode(), timeout=60) for i in range(8)]  # fmt: skip
+            running = asyncio.gather(*calls)
+            await asyncio.sleep(0.5)
+            assert len(exec_ids(docker_engine, handle)) == 1  # the server alone, whatever runs through it
+            results = await running
+            for i, result in enumerate(results):
+                cwd = "/tmp" if i % 2 else "/polar/session"
+                assert (result.exit_code, result.stdout, result.stderr) == (i, f"in-{i} {i} {cwd}\n", f"err-{i}\n")
+            groups = await handle.exec(["sh", "-c", "echo $$; ps -o pgid= -p $$"])
+            pid, pgid = groups.stdout.split()
+            assert pid == pgid  # the command leads its own process group
+            assert (await handle.exec(["no-such-command"])).exit_code == 127
+            missing = await handle.exec(["true"], cwd="/no/such/dir")
+            assert missing.exit_code == 126 and "/no/such/dir" in missing.stderr
+            quoted = ["printf", "%s|", "a b", "$HOME", "'q'", "`id`", "-x", ""]
+            assert (await handle.exec(quoted)).stdout == "a b|$HOME|'q'|`id`|-x||"
+            server = handle._server
+            long = asyncio.create_task(handle.exec(["sleep", "2"], long_running=True))
+            await asyncio.sleep(0.5)
+            assert len(exec_ids(docker_engine, handle)) == 2
+            assert (await long).ok and handle._server is server
+
+    run(body())
+    assert list(scratch_root.iterdir()) == []
+
+
+def test_served_commands_are_killed_on_cancel_and_lost_with_the_server(docker_engine: Any, scratch_root: Path) -> None:
+    """Cancelling an exec kills its group; a server killed from inside reports its commands as 137 and the next
+    command starts a new one; a container that dies ends every command at once."""
+
+    async def body() -> None:
+        async with await start(scratch_root, session_id="lost") as handle:
+            task = asyncio.create_task(handle.exec(["sh", "-c", "echo $$ > a.pid; sleep 300 & sleep 301"]))
+            pid = await wait_for_file(handle.session_dir / "a.pid")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert "sleep 30" not in (await handle.exec(["ps", "-eo", "args"])).stdout
+            assert (await handle.exec(["test", "-e", f"/proc/{pid}"])).exit_code == 1
+
+            first = handle._server
+            waiting = asyncio.create_task(handle.exec(["sleep", "300"], timeout=60))
+            await asyncio.sleep(0.5)
+            killer = await handle.exec(["pkill", "-KILL", "-f", "polar/run/server-"])
+            assert killer.exit_code == 137  # its own server went with it
+            assert (await asyncio.wait_for(waiting, 30)).exit_code == 137
+            again = await handle.exec(["echo", "back"])
+            assert again.stdout == "back\n" and handle._server is not first
+
+            doomed = asyncio.create_task(handle.exec(["sleep", "300"], timeout=120))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(docker_engine.containers.get(handle.container.id).kill)
+            assert (await asyncio.wait_for(doomed, 30)).exit_code == 137
+            with pytest.raises(RuntimeFailure, match="not running"):
+                await handle.exec(["true"])
+
+    run(body())
+    assert list(scratch_root.iterdir()) == []
+
+
+def test_an_image_without_bash_gets_an_engine_exec_per_command(scratch_root: Path, tmp_path: Path) -> None:
+    """The server needs bash: where the image has none (here: a non-executable file mounted over it), every command
+    still runs, as an engine exec of its own."""
+    not_bash = tmp_path / "not-bash"
+    not_bash.write_text("")
+
+    async def body() -> None:
+        mounts = [Mount(source=str(not_bash), target="/usr/bin/bash", read_only=True)]
+        async with await start(scratch_root, session_id="no-bash", mounts=mounts) as handle:
+            result = await handle.exec(["sh", "-c", "echo $X; exit 4"], env={"X": "plain"}, stdin=b"")
+            assert (result.exit_code, result.stdout) == (4, "plain\n")
+            assert handle._server is None and handle._server_failure
+            assert (await handle.exec(["sh", "-c", "cat"], stdin=b"fed")).stdout == "fed"
+
+    run(body())
     assert list(scratch_root.iterdir()) == []
