@@ -13,11 +13,12 @@ too far behind are cancelled with status ``stale`` (``polar_cli.gateway.stalenes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from polar_cli.errors import BackendError, ConfigError, SessionError
+from polar_cli.errors import BackendError, ConfigError, PolarError, SessionError
 from polar_cli.gateway import staleness
 from polar_cli.gateway.app import PROXY_PREFIX, create_app
 from polar_cli.gateway.backend_check import check_backend
@@ -33,6 +34,7 @@ from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.task import without_script
 from polar_cli.node_protocol import ATTEMPT_KEY, PAUSE_TIMEOUT_S, BatchSessionAnswer, SessionBatch, SessionInfo
 from polar_cli.proxy import ProxyState, session_options
+from polar_cli.runtimes.pool import SandboxPool, SandboxRecipe
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
 from polar_cli.web.listen import Listener, listen, with_port
@@ -54,8 +56,12 @@ class GatewayNode:
         self.config = config or GatewayConfig()
         self.proxy = proxy or ProxyState(self.config.proxy_config())
         self.store = ResultStore(self.config.data_dir / "results")
-        self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir)
+        self.sandboxes = SandboxPool(self.config.pipeline.sandbox_pool, demand=self._init_demand)
+        """Warm sandboxes INIT takes (``pipeline.sandbox_pool``; off by default)."""
+        self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir,
+                                           pool=self.sandboxes)  # fmt: skip
         self.metrics = GatewayMetrics(self.proxy.metrics.registry)
+        self.metrics.watch_sandboxes(self.sandboxes.snapshot)
         """The node's one registry holds its proxy's metrics and its pipeline's (``GET /metrics``)."""
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
                                        metrics=self.metrics)  # fmt: skip
@@ -93,12 +99,14 @@ class GatewayNode:
         public = self.config.public_url
         self.url = (with_port(public, self._listener.port) if public else self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
+        await self.sandboxes.start()
         await self.pipeline.start()
 
     async def close(self) -> None:
         """Cancel what is in flight (each session still gets its result), then stop serving."""
         await self.pipeline.close()
         await asyncio.gather(*self._stale, return_exceptions=True)  # the pipeline concluded their sessions
+        await self.sandboxes.close()  # every pooled sandbox stopped
         if self._listener is not None:
             await self._listener.close()  # closes the proxy (its cleanup hook) too
             self._listener = None
@@ -109,6 +117,13 @@ class GatewayNode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _init_demand(self) -> Iterator[SandboxRecipe]:
+        """A sandbox recipe per session waiting for an INIT worker: what sizes the sandbox pool."""
+        for job in self.pipeline.active():
+            if job.stage is Stage.INIT_QUEUED and job.task is not None:
+                with contextlib.suppress(PolarError):  # e.g. a harness not installed: its INIT will say so
+                    yield self.driver.recipe(job.task)
 
     # ---- Python API ---------------------------------------------------------------------------------------------
 
