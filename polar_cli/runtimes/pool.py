@@ -358,11 +358,11 @@ class SandboxPool:
                 await reset_sandbox(sandbox.handle, sandbox.recipe.spec, sandbox.checkpoint or Checkpoint())
         except BaseException as exc:
             self._coming[key] -= 1
-            self.stats.resets_failed += 1
             self._arrival_failed(key)
             if not isinstance(exc, asyncio.CancelledError):
                 log.warning("sandbox pool: reset failed, sandbox destroyed: %s", exc)
             await self._destroy(sandbox, immediate=True)
+            self.stats.resets_failed += 1  # counted once the sandbox is gone
             if not isinstance(exc, Exception):
                 raise
             return
