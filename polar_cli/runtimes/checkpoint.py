@@ -7,6 +7,7 @@ cannot be put back, so its sandbox is destroyed instead (``RuntimeHandle.restore
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class DirSnapshot:
 def _walk(roots: Sequence[Path], keep: Sequence[str]) -> dict[str, Stat]:
     entries: dict[str, Stat] = {}
     for root in roots:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(root)  # the root's own mode counts too (a chmod of the home dir is a change)
+            entries[str(root)] = (True, 0, 0, st.st_mode)
         for parent, dirs, files in os.walk(root):
             dirs[:] = [d for d in dirs if not kept(os.path.join(parent, d), keep)]
             for name in (*dirs, *files):

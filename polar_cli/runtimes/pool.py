@@ -182,6 +182,7 @@ class SandboxPool:
         self._waiters: dict[str, list[asyncio.Future[Sandbox | None]]] = {}
         self._slots = asyncio.Semaphore(self.config.parallel)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._closing = False
@@ -213,6 +214,7 @@ class SandboxPool:
         idle = [s for sandboxes in self._idle.values() for s in sandboxes]
         self._idle.clear()
         await asyncio.gather(*(self._destroy(s, immediate=True) for s in idle), return_exceptions=True)
+        await asyncio.gather(*list(self._stopping), return_exceptions=True)
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -373,11 +375,14 @@ class SandboxPool:
             await self._destroy(sandbox, immediate=True)
 
     async def _destroy(self, sandbox: Sandbox, *, immediate: bool) -> None:
-        self.stats.destroyed += 1
+        stop = asyncio.create_task(sandbox.handle.cancel() if immediate else sandbox.handle.stop())
+        self._stopping.add(stop)  # close() waits for it: a cancelled caller does not leave the sandbox half-stopped
+        stop.add_done_callback(self._stopping.discard)
         try:
-            await asyncio.shield(sandbox.handle.cancel() if immediate else sandbox.handle.stop())
+            await asyncio.shield(stop)
         except PolarError as exc:
             log.warning("sandbox pool: a sandbox did not stop cleanly: %s", exc)
+        self.stats.destroyed += 1
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -406,10 +411,11 @@ class SandboxPool:
         for recipe in self.demand():
             key = recipe.key
             self._recipes.setdefault(key, recipe)
+            self._last_used[key] = now  # a session waits for it: in use
             waiting[key] += 1
         targets = {}
         for key in self._recipes:
-            active = waiting[key] > 0 or now - self._last_used.get(key, now) < self.config.idle_seconds
+            active = now - self._last_used.get(key, now) < self.config.idle_seconds
             targets[key] = max(self.config.min, min(waiting[key], self.config.max)) if active else 0
         return targets
 
