@@ -20,16 +20,19 @@ SHOWN = 5  # paths named in an error
 
 # `sh -c PIDS_SCRIPT`: the pids now running in a container
 PIDS_SCRIPT = 'for p in /proc/[0-9]*; do echo "${p#/proc/}"; done'
-# `sh -c KILL_NEW_SCRIPT`, stdin the pids to keep: SIGKILL every other process (three rounds against forks), then
-# print those still alive (zombies aside)
+# `sh -c KILL_NEW_SCRIPT`, stdin the pids to keep: SIGKILL every other live process (zombies aside) until none is
+# left (rounds against forks); prints those that would not die
 KILL_NEW_SCRIPT = r"""keep=" $(tr '\n' ' ') $$ "
-for round in 1 2 3; do
-  for p in /proc/[0-9]*; do p=${p#/proc/}; case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done
+for round in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  left=""
+  for p in /proc/[0-9]*; do p=${p#/proc/}; case "$keep" in *" $p "*) continue;; esac
+    read -r s 2>/dev/null <"/proc/$p/stat" || continue; s=${s##*) }; [ "${s%% *}" = Z ] && continue
+    kill -9 "$p" 2>/dev/null; left="$left $p"
+  done
+  [ -z "$left" ] && exit 0
+  sleep 0.05
 done
-sleep 0.2
-for p in /proc/[0-9]*; do p=${p#/proc/}; case "$keep" in *" $p "*) continue;; esac
-  s=$(cat "/proc/$p/stat" 2>/dev/null) || continue; s=${s##*) }; [ "${s%% *}" = Z ] || echo "$p"
-done"""
+echo $left"""
 ROOTFS_MARKER = "/tmp/.polar-checkpoint"
 # `sh -c APPLY_SCRIPT`, stdin lines "R path" (remove), "C path" (must be a dir), "N path" (a dir, or not newer than
 # the marker): prints what it could not accept, exits 1 then

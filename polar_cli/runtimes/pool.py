@@ -231,6 +231,13 @@ class SandboxPool:
     def ready(self, recipe: SandboxRecipe) -> int:
         return len(self._idle.get(recipe.key, []))
 
+    def prewarm(self, recipe: SandboxRecipe) -> None:
+        """Fill ``recipe``'s floor now, before a session asks for one (a known workload, a benchmark)."""
+        key = recipe.key
+        self._recipes[key] = recipe
+        self._last_used[key] = time.monotonic()
+        self._wake.set()
+
     # ---- lending ------------------------------------------------------------------------------------------------
 
     async def acquire(self, recipe: SandboxRecipe, session_id: str, *, evaluation: bool = False) -> RuntimeHandle:

@@ -31,17 +31,26 @@ GIT_STATE = """cd "$1" || exit 1
 echo "$(git symbolic-ref -q --short HEAD || git rev-parse HEAD)"
 git rev-parse --verify "$2^{commit}"
 """
+# `sh -c GIT_RESET polar-reset PATH HEAD BASE LOOSE`, stdin one `update REF SHA` line per ref of the
+# checkpoint: the other refs deleted, these put back, the work tree reset and cleaned, reflogs expired, unreachable
+# objects pruned when the loose object count moved; then the fingerprint (one exec: a reset's execs are its cost)
 GIT_RESET = """cd "$1" || exit 1
 g=$(git rev-parse --git-dir) || exit 1
 rm -rf "$g/rebase-merge" "$g/rebase-apply" "$g/sequencer" "$g/MERGE_HEAD" "$g/CHERRY_PICK_HEAD" "$g/REVERT_HEAD" \
   "$g/FETCH_HEAD" "$g/BISECT_LOG" "$g/index.lock"
-git update-ref --stdin || exit 1
+want=$(cat)
+{ git for-each-ref --format='%(refname)' | while IFS= read -r ref; do
+    case "$want" in *"update $ref "*) ;; *) echo "delete $ref" ;; esac
+  done
+  [ -z "$want" ] || printf '%s\n' "$want"
+} | git update-ref --stdin || exit 1
 git checkout -q -f "$2" || exit 1
 git reset -q --hard "$3" || exit 1
 rm -f "$g/ORIG_HEAD"
 git clean -ffdxq || exit 1
 git reflog expire --expire=now --all || exit 1
-[ "$(git count-objects | cut -d' ' -f1)" = "$4" ] || git prune --expire=now || exit 1"""
+[ "$(git count-objects | cut -d' ' -f1)" = "$4" ] || git prune --expire=now || exit 1
+"""
 GIT_FINGERPRINT = """cd "$1" || exit 1
 g=$(git rev-parse --git-dir) || exit 1
 git for-each-ref --format='ref %(refname) %(objectname)' || exit 1
@@ -95,11 +104,12 @@ async def _sh(handle: RuntimeHandle, script: str, args: list[str], what: str, st
     return result
 
 
-async def _git_reset(handle: RuntimeHandle, path: str, head: str, base: str, loose: str, refs: dict[str, str]) -> None:
-    current = _refs((await _sh(handle, GIT_FINGERPRINT, [path], f"git status of {path}")).stdout)
-    batch = [f"delete {name}" for name in current if name not in refs]
-    batch += [f"update {name} {sha}" for name, sha in refs.items() if current.get(name) != sha]
-    await _sh(handle, GIT_RESET, [path, head, base, loose], f"git reset of {path}", "".join(f"{b}\n" for b in batch))
+async def _git_reset(handle: RuntimeHandle, path: str, head: str, base: str, loose: str, refs: dict[str, str]) -> str:
+    """Reset the repository at ``path`` (``refs`` as they must be); its fingerprint after."""
+    batch = "".join(f"update {name} {sha}\n" for name, sha in refs.items())
+    script = f"(\n{GIT_RESET}) || exit 1\n{GIT_FINGERPRINT}"  # the reset in a subshell: both cd from the same place
+    result = await _sh(handle, script, [path, head, base, loose], f"git reset of {path}", batch)
+    return result.stdout
 
 
 def check_reuse(runtime: Runtime, spec: RuntimeSpec) -> None:
@@ -116,8 +126,7 @@ async def checkpoint_sandbox(handle: RuntimeHandle, spec: RuntimeSpec) -> Checkp
         state = await _sh(handle, GIT_STATE, [path, spec.reset.base or "HEAD"], f"git repository {path}")
         head, base = state.stdout.split()
         first = await _sh(handle, GIT_FINGERPRINT, [path], f"git status of {path}")
-        await _git_reset(handle, path, head, base, "", _refs(first.stdout))  # "": prune what is unreachable now
-        fingerprint = (await _sh(handle, GIT_FINGERPRINT, [path], f"git status of {path}")).stdout
+        fingerprint = await _git_reset(handle, path, head, base, "", _refs(first.stdout))  # "": prune now
         git = GitCheckpoint(path, head, base, fingerprint)
     await handle.checkpoint([git.path] if git else [])
     return Checkpoint(git)
@@ -130,8 +139,7 @@ async def reset_sandbox(handle: RuntimeHandle, spec: RuntimeSpec, checkpoint: Ch
             await handle.restore()
             git = checkpoint.git
             if git is not None:
-                await _git_reset(handle, git.path, git.head, git.base, git.loose, git.refs)
-                now = (await _sh(handle, GIT_FINGERPRINT, [git.path], f"git status of {git.path}")).stdout
+                now = await _git_reset(handle, git.path, git.head, git.base, git.loose, git.refs)
                 if now != git.fingerprint:
                     raise RuntimeFailure(
                         f"git repository {git.path} differs from its checkpoint: {_first_diff(git.fingerprint, now)}"

@@ -5,7 +5,6 @@ playing a model whose one tool call reports the sandbox's state at session start
 from __future__ import annotations
 
 import asyncio
-import secrets
 import subprocess
 import threading
 from collections import Counter
@@ -16,22 +15,14 @@ import pytest
 
 from polar_cli.gateway.config import GatewayConfig
 from polar_cli.gateway.node import GatewayNode
-from polar_cli.harnesses.shell import REFERENCE_AGENT, reference_agent_source
 from polar_cli.models import SessionResult, TaskRequest
 from polar_cli.registry import LOAD_ENV, reset_registry
 from tests.gateway.sim import until
 from tests.runtimes.conftest import TEST_IMAGE
+from tests.support.swe_image import FIX as SWE_FIX
+from tests.support.swe_image import build_image, remove_image, swe_task
 
 T = TypeVar("T")
-LABEL = "polar.test=pool"
-DOCKERFILE = f"""FROM {TEST_IMAGE}
-LABEL {LABEL}
-RUN git config --system user.email polar@example.invalid && git config --system user.name polar \\
- && mkdir /repo && cd /repo && git init -q -b main \\
- && printf '#!/bin/sh\\necho $(( $1 - $2 ))\\n' > add.sh \\
- && printf '#!/bin/sh\\ntest "$(sh add.sh 2 3)" = 5 && test "$(sh add.sh 1 1)" = 2\\n' > test.sh \\
- && git add . && git commit -qm base
-"""
 # At session start: what the session sees (HEAD, untracked/ignored files, what earlier sessions planted, their
 # processes, its own id); then it dirties the sandbox everywhere a harness could.
 REPORT = (
@@ -44,7 +35,7 @@ REPORT = (
     " echo junk > untracked.txt; mkdir -p build && echo junk > build/out;"
     " (sleep 300 >/dev/null 2>&1 &); git checkout -qb wip-$$"
 )
-FIX = "; sed -i 's/-/+/' add.sh"
+FIX = f"; {SWE_FIX}"
 COMMIT = "; git commit -qam wip"
 
 
@@ -53,13 +44,10 @@ def run_in(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeou
 
 
 @pytest.fixture(scope="module")
-def image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tag = f"polar-pool-swe:{secrets.token_hex(4)}"
-    folder = tmp_path_factory.mktemp("pool-image")
-    (folder / "Dockerfile").write_text(DOCKERFILE)
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(folder)], check=True, capture_output=True)
+def image(docker_engine: Any) -> Iterator[str]:
+    tag = build_image(TEST_IMAGE, "polar-pool-swe")
     yield tag
-    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+    remove_image(tag)
 
 
 class Gateway:
@@ -109,28 +97,6 @@ def gateway(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ga
             thread.join(30)
             loop.close()
     assert not list((root / "scratch").glob("docker-*")), "a sandbox's scratch dir outlived the gateway"
-
-
-def swe_task(image: str, task_id: str, command: str, *, reuse: str = "reset", refresh: bool = False) -> TaskRequest:
-    return TaskRequest.model_validate({
-        "task_id": task_id,
-        "instruction": f"fix add.sh ({task_id})",
-        "timeout_seconds": 120,
-        "runtime": {
-            "backend": "docker", "image": image, "workdir": "/repo", "config": {"pull": "never"},
-            "prepare": [{"command": "sleep 2 && echo ready > /etc/polar-prepared"}],
-            "reuse": reuse, "reuse_max_sessions": 4,
-            "reset": {"git": "/repo", "check": "test \"$(sh add.sh 2 2)\" = 0 && test -f /etc/polar-prepared"},
-        },
-        "agent": {"harness": "shell", "config": {
-            "command": f'exec node "$HOME/{REFERENCE_AGENT}"', "files": {REFERENCE_AGENT: reference_agent_source()}}},
-        "builder": {"strategy": "per_request"},
-        "evaluator": {"strategy": "test_on_output", "refresh_runtime": refresh, "config": {"command": "sh test.sh"}},
-        "metadata": {"script": [
-            {"content": None, "tool_calls": [{"function": {"name": "bash", "arguments": {"command": command}}}]},
-            {"content": "done"},
-        ]},
-    })  # fmt: skip
 
 
 def tasks(image: str, reuse: str = "reset") -> list[TaskRequest]:
