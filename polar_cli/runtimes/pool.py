@@ -178,6 +178,8 @@ class SandboxPool:
         self._recipes: dict[str, SandboxRecipe] = {}
         self._last_used: dict[str, float] = {}
         self._coming: Counter[str] = Counter()
+        self._lent: Counter[str] = Counter()
+        """Per key (``reuse: reset`` only): sandboxes lent to sessions, each coming back after its reset or not."""
         """Per key: sandboxes starting for the pool or being reset (each will be ready, or fail)."""
         self._waiters: dict[str, list[asyncio.Future[Sandbox | None]]] = {}
         self._slots = asyncio.Semaphore(self.config.parallel)
@@ -248,7 +250,7 @@ class SandboxPool:
         self._recipes[key] = recipe
         self._last_used[key] = time.monotonic()
         sandbox = self._take(key, fresh_only=evaluation)
-        if sandbox is None and not evaluation and self._coming[key] > len(self._waiters.get(key, [])):
+        if sandbox is None and not evaluation and self._worth_waiting(recipe):
             waiter: asyncio.Future[Sandbox | None] = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(key, []).append(waiter)
             try:
@@ -267,6 +269,8 @@ class SandboxPool:
         else:
             self.stats.hits += 1
         sandbox.sessions += 1
+        if not evaluation and recipe.spec.reuse == "reset":
+            self._lent[key] += 1
         self._wake.set()
         return SessionSandbox(self, sandbox, session_id, evaluation=evaluation)
 
@@ -279,12 +283,31 @@ class SandboxPool:
             return
         handle.released = True
         sandbox = handle.sandbox
+        key = sandbox.recipe.key
+        counted = not handle.evaluation and sandbox.recipe.spec.reuse == "reset"
+        if counted:
+            self._lent[key] -= 1
         if reuse and not immediate and not handle.evaluation and self._reusable(sandbox):
-            key = sandbox.recipe.key
             self._coming[key] += 1
             self._spawn(self._reset(sandbox, key))
         else:
+            if counted:
+                self._arrival_failed(key)  # a session waiting for this one starts its own
             await self._destroy(sandbox, immediate=immediate)
+
+    def _held(self, key: str, reuse: bool) -> int:
+        """Sandboxes of ``key`` that exist or will: ready, starting or resetting, and (reuse) lent out."""
+        return len(self._idle.get(key, [])) + self._coming[key] + (self._lent[key] if reuse else 0)
+
+    def _worth_waiting(self, recipe: SandboxRecipe) -> bool:
+        """Whether a session that found no ready sandbox should wait for one rather than start its own: one is
+        about to be ready for it, or (``reuse: reset``) the key holds its ceiling and a lent one will come back."""
+        key = recipe.key
+        waiting = len(self._waiters.get(key, []))
+        if self._coming[key] > waiting:
+            return True
+        reuse = recipe.spec.reuse == "reset"
+        return reuse and self._coming[key] + self._lent[key] > waiting and self._held(key, reuse) >= self.config.max
 
     def _reusable(self, sandbox: Sandbox) -> bool:
         spec = sandbox.recipe.spec
@@ -432,6 +455,9 @@ class SandboxPool:
         for key, target in self.targets().items():
             idle = self._idle.get(key, [])
             missing = target - len(idle) - self._coming[key] + len(self._waiters.get(key, []))
+            reuse = self._recipes[key].spec.reuse == "reset"
+            if reuse:  # lent sandboxes come back: the key never holds more than its ceiling
+                missing = min(missing, self.config.max - self._held(key, reuse))
             for _ in range(max(0, missing)):
                 self._coming[key] += 1
                 self._spawn(self._refill(self._recipes[key], key))
@@ -441,7 +467,13 @@ class SandboxPool:
                 for sandbox in stale:
                     idle.remove(sandbox)
                     self._spawn(self._destroy(sandbox, immediate=True))
-            if not idle and not self._coming[key] and not target and key not in self._waiters_for():
+            if (
+                not idle
+                and not self._coming[key]
+                and not self._lent[key]
+                and not target
+                and key not in self._waiters_for()
+            ):
                 self._forget(key)
 
     def _waiters_for(self) -> set[str]:
@@ -453,3 +485,4 @@ class SandboxPool:
         self._last_used.pop(key, None)
         self._waiters.pop(key, None)
         self._coming.pop(key, None)
+        self._lent.pop(key, None)
