@@ -11,7 +11,9 @@ scratch dir and ``POLAR_SESSION_ID`` at start); :class:`SessionSandbox` lends it
 which sees the session's own ``POLAR_SESSION_ID``. The gateway URL and key never reach a sandbox at start: the
 harness gets them per command. After the session (:meth:`SandboxPool.release`) the sandbox is destroyed, or, with
 ``runtime.reuse: reset`` and a session that ended well, reset (``polar_cli.runtimes.reset``) and put back; a
-failed reset destroys it. Evaluation sandboxes (``acquire(..., evaluation=True)``) only ever get a fresh one.
+failed reset destroys it. With reuse a key never holds more than ``max`` sandboxes, lent ones included: at the
+ceiling a session waits for one being reset. Evaluation sandboxes (``acquire(..., evaluation=True)``) only ever get
+a fresh one, and are never put back.
 
 With ``max: 0`` (the default) there is no pool: every session starts its own sandbox under its own id, as without
 this module.
