@@ -49,8 +49,8 @@ class ResetSpec(StrictModel):
     the repository there is reset to ``base``; ``check`` is the sandbox's own verification."""
 
     git: str | None = Field(
-        default=None, description="a git repository in the runtime: git reset --hard <base>, git clean -ffdx, its "
-        "refs, config and hooks as they were after prepare",
+        default=None, description="a git repository in the runtime (absolute, or relative to the session dir): git "
+        "reset --hard <base>, git clean -ffdx, its refs, config and hooks as they were after prepare",
     )  # fmt: skip
     base: str | None = Field(default=None, description="the revision the repository goes back to (default: its HEAD "
                              "after prepare)")  # fmt: skip

@@ -122,7 +122,7 @@ async def checkpoint_sandbox(handle: RuntimeHandle, spec: RuntimeSpec) -> Checkp
     """Record the freshly prepared sandbox as the state :func:`reset_sandbox` returns to."""
     git = None
     if spec.reset.git:
-        path = posixpath.normpath(spec.reset.git)
+        path = posixpath.normpath(posixpath.join(handle.session_path, spec.reset.git))  # relative: to the session dir
         state = await _sh(handle, GIT_STATE, [path, spec.reset.base or "HEAD"], f"git repository {path}")
         head, base = state.stdout.split()
         first = await _sh(handle, GIT_FINGERPRINT, [path], f"git status of {path}")
