@@ -12,12 +12,14 @@ from typing import Any, TypeVar
 import pytest
 
 from polar_cli.errors import ConfigError
+from polar_cli.gateway.node import GatewayNode
 from polar_cli.models import TaskRequest
 from polar_cli.models.task import RuntimeSpec
 from polar_cli.runtimes.local import LocalHandle
 from polar_cli.runtimes.pool import SandboxPool, SandboxPoolConfig, SandboxRecipe, SessionSandbox
 from polar_cli.task_check import check_task
 from tests.gateway.sim import until
+from tests.gateway.test_node import config, task
 
 T = TypeVar("T")
 REPO = (
@@ -182,3 +184,23 @@ def test_no_pool_by_default_and_reuse_needs_a_runtime_that_restores(scratch_root
         check_task(TaskRequest.model_validate(task))
     with pytest.raises(ValueError, match="min"):
         SandboxPoolConfig(min=3, max=2)
+
+
+def test_through_a_gateway_a_completed_session_returns_its_sandbox_and_a_failed_one_destroys_it(tmp_path: Path) -> None:
+    runtime = {"backend": "local", "reuse": "reset"}
+    ok, crash = task("ok", {}, runtime=runtime), task("crash", {"CALLS": "1", "CRASH": "boom"}, runtime=runtime)
+
+    async def body() -> None:
+        async with GatewayNode(config(tmp_path, sandbox_pool={"max": 2, "idle_seconds": 60})) as node:
+            pool = node.sandboxes
+            first = await node.pipeline.run(node.job_for(ok, 0))
+            assert first.status == "completed", first.error
+            await settled(pool)
+            assert (pool.stats.resets_ok, pool.stats.destroyed, pool.ready(node.driver.recipe(ok))) == (1, 0, 1)
+            failed = await node.pipeline.run(node.job_for(crash, 0))
+            assert failed.status == "error"
+            await settled(pool)
+            assert (pool.stats.hits, pool.stats.resets_ok, pool.stats.destroyed) == (1, 1, 1)  # not reset: destroyed
+
+    run(body())
+    assert not list((tmp_path / "scratch").glob("local-*"))  # the gateway's close stopped the ready one
