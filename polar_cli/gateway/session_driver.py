@@ -4,7 +4,7 @@ Per session (``job.task`` is its TaskRequest):
 
 - INIT: a proxy session (id = the session id; the task's ``metadata.script``, if any, is the scripted backend's
   per-session script; ``agent.sampling`` is forced onto its every model call), then the runtime from ``task.runtime``
-  with its prepare actions.
+  with its prepare actions (a ready one from the gateway's sandbox pool, ``polar_cli.runtimes.pool``, when it has one).
 - RUNNING: with ``evaluator.refresh_runtime`` a second runtime from the same spec starts in the background (prewarmed
   for evaluation); the harness runs until it exits, the agent deadline passes or the session hits one of its
   ``agent.limits`` (then its process group is killed: ``timeout``, ``limit``). When it ends, the proxy session is
@@ -12,7 +12,9 @@ Per session (``job.task`` is its TaskRequest):
 - POSTRUN: the captured completions, ``build_trajectory(task.builder.strategy, completions, context=...,
   **task.builder.config)`` in a thread (the BuildContext carries the session's ids, task metadata, status and the served
   model's tokenizer when one is found), then the evaluator plugin with the agent's runtime and the fresh one.
-- teardown: both runtimes (``cancel()`` when immediate, else ``stop()``) and the proxy session; idempotent.
+- teardown: both runtimes (``cancel()`` when immediate, else ``stop()``; with ``runtime.reuse: reset`` and a run that
+  ended ``completed``, ``timeout`` or ``limit``, the agent's goes back to the pool to be reset) and the proxy session;
+  idempotent.
 """
 
 from __future__ import annotations
