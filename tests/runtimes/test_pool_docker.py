@@ -15,6 +15,7 @@ import pytest
 
 from polar_cli.gateway.config import GatewayConfig
 from polar_cli.gateway.node import GatewayNode
+from polar_cli.harnesses.testing import require_cli
 from polar_cli.models import SessionResult, TaskRequest
 from polar_cli.registry import LOAD_ENV, reset_registry
 from tests.gateway.sim import until
@@ -76,6 +77,7 @@ async def _snapshot(node: GatewayNode) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gateway(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    require_cli("shell")  # the reference agent runs on the shell harness's Node
     root = tmp_path_factory.mktemp("pool-gateway")
     config = GatewayConfig(port=0, data_dir=root / "data", scratch_root=root / "scratch", pipeline={
         "init_workers": 4, "run_slots": 4, "postrun_workers": 4,
