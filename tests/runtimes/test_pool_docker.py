@@ -77,18 +77,18 @@ async def _snapshot(node: GatewayNode) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gateway(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    require_cli("shell")  # the reference agent runs on the shell harness's Node
     root = tmp_path_factory.mktemp("pool-gateway")
     config = GatewayConfig(port=0, data_dir=root / "data", scratch_root=root / "scratch", pipeline={
         "init_workers": 4, "run_slots": 4, "postrun_workers": 4,
         "sandbox_pool": {"max": 4, "min": 0, "parallel": 4, "idle_seconds": 120},
     })  # fmt: skip
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(LOAD_ENV, "")  # no stray installed plugin (the suite's autouse fixture is function-scoped)
         reset_registry()
+        require_cli("shell")  # the reference agent runs on the shell harness's Node
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
         node = GatewayNode(config)
         try:
             run_in(loop, node.start())
