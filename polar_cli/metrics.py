@@ -211,6 +211,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry = registry or new_registry()
         self._pipeline: Callable[[], Mapping[str, Any]] | None = None
+        self._sandboxes: Callable[[], Mapping[str, int]] | None = None
         self.stage_seconds = Histogram(
             "polar_gateway_stage_duration_seconds", "Seconds a finished session spent in each stage and wait "
             "(SessionResult.stage_seconds)", ["stage"], buckets=STAGE_BUCKETS, registry=registry,
@@ -221,11 +222,29 @@ class GatewayMetrics:
         """Read ``pipeline()`` (``StagedPipeline.metrics()``) at each scrape."""
         self._pipeline = pipeline
 
+    def watch_sandboxes(self, pool: Callable[[], Mapping[str, int]]) -> None:
+        """Read ``pool()`` (``SandboxPool.snapshot()``) at each scrape."""
+        self._sandboxes = pool
+
     def session_finished(self, stage_seconds: Mapping[str, float]) -> None:
         for stage, seconds in stage_seconds.items():
             self.stage_seconds.labels(stage).observe(seconds)
 
     def _collect(self) -> Iterable[Metric]:
+        if self._sandboxes is not None:
+            pool = self._sandboxes()
+            yield _counter("polar_gateway_sandbox_takes", "Sandboxes INIT took from the warm pool (hit) or had to "
+                           "start (miss)", ["result"],
+                           [(("hit",), pool["hits"]), (("miss",), pool["misses"])])  # fmt: skip
+            yield _counter("polar_gateway_sandbox_resets", "Resets of used sandboxes (reuse: reset): ok, or failed "
+                           "(the sandbox was destroyed)", ["result"],
+                           [(("ok",), pool["resets_ok"]), (("failed",), pool["resets_failed"])])  # fmt: skip
+            yield _counter("polar_gateway_sandbox_starts", "Sandboxes the pool started, by result", ["result"],
+                           [(("ok",), pool["started"]), (("failed",), pool["start_failures"])])  # fmt: skip
+            yield _counter("polar_gateway_sandboxes_destroyed", "Pooled sandboxes stopped",
+                           samples=[((), pool["destroyed"])])  # fmt: skip
+            yield _gauge("polar_gateway_sandbox_pool_ready", "Sandboxes ready in the pool",
+                         samples=[((), pool["ready"])])  # fmt: skip
         if self._pipeline is None:
             return
         m = self._pipeline()

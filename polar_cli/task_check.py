@@ -8,7 +8,8 @@ Each name (runtime backend, harness, builder and evaluator strategy) is looked u
 UnknownComponentError naming the field, with a did-you-mean; ``polar run`` calls it with the task file as ``source``
 when it reads the file, before anything starts.
 
-- ``runtime``: the backend exists and accepts the spec and its ``config`` (``Runtime.check_spec``); every prepare
+- ``runtime``: the backend exists and accepts the spec and its ``config`` (``Runtime.check_spec``), and can restore a
+  sandbox when ``reuse`` is ``reset`` (``Runtime.can_restore``); every prepare
   action has what its type needs and names no host path outside the task's base dir;
 - ``agent``: the harness exists and accepts ``agent.config`` (``Harness.check_config``);
 - ``builder``: the strategy exists and accepts ``builder.config`` (``Builder.check_config``: strict for the built-ins);
@@ -29,6 +30,7 @@ from polar_cli.models.task import SCRIPT_KEY
 from polar_cli.proxy import inline_script
 from polar_cli.registry import get_builder, get_evaluator, get_harness, get_runtime
 from polar_cli.runtimes.prepare import check_prepare
+from polar_cli.runtimes.reset import check_reuse
 
 T = TypeVar("T")
 
@@ -42,6 +44,7 @@ def check_task(task: TaskRequest, *, base_dir: Path | None = None, source: str |
     builder = _field(task, "builder.strategy", lambda: get_builder(task.builder.strategy), prefix)
     evaluator = _field(task, "evaluator.strategy", lambda: get_evaluator(task.evaluator.strategy), prefix)
     _field(task, "runtime", lambda: runtime.check_spec(task.runtime), prefix)
+    _field(task, "runtime.reuse", lambda: check_reuse(runtime, task.runtime), prefix)
     _field(task, "runtime.prepare", lambda: check_prepare(task.runtime.prepare, base_dir=base_dir), prefix)
     _field(task, "agent.config", lambda: harness.check_config(task.agent.config), prefix)
     _field(task, "builder.config", lambda: builder.check_config(task.builder.config), prefix)

@@ -30,6 +30,7 @@ from polar_cli.metrics import (
 from polar_cli.proxy import ProxyConfig, ProxyState, create_proxy_app
 from polar_cli.proxy.pool import InferencePool
 from polar_cli.proxy.retry import RetryConfig
+from polar_cli.runtimes.pool import SandboxPool
 from polar_cli.web.listen import listen
 from polar_cli.web.metrics import listen_metrics
 from tests.gateway.sim import SimDriver, until
@@ -68,6 +69,7 @@ def test_every_metric_is_polar_prefixed_with_conventional_units_and_suffixes() -
     proxy.upstream("http://gpu-1:8000", 200, False, 0.1, retry=True)
     proxy.watch(lambda: PoolReading(3, False, 0, [ReplicaReading("http://gpu-1:8000", True, 1)]), lambda: 2)
     gateway = GatewayMetrics(proxy.registry)
+    gateway.watch_sandboxes(SandboxPool().snapshot)
     server = ServerMetrics()
     server.callbacks.labels("session_result", "delivered").inc()
     server.sessions_finished.labels("completed").inc()
@@ -84,6 +86,8 @@ def test_every_metric_is_polar_prefixed_with_conventional_units_and_suffixes() -
     assert found["polar_inference_upstream_duration_seconds"] == "histogram"
     assert found["polar_proxy_sampled_tokens"] == "counter"
     assert found["polar_inference_policy_version"] == "gauge"
+    assert found["polar_gateway_sandbox_takes"] == found["polar_gateway_sandbox_resets"] == "counter"
+    assert found["polar_gateway_sandbox_pool_ready"] == "gauge"
     assert gateway.registry is proxy.registry
 
 

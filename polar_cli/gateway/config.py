@@ -14,6 +14,7 @@ from polar_cli.ids import SessionId
 from polar_cli.models import StrictModel
 from polar_cli.models.limits import MAX_RUN_SLOTS, NodeToken
 from polar_cli.proxy import ProxyConfig
+from polar_cli.runtimes.pool import SandboxPoolConfig
 from polar_cli.web.auth import new_token
 
 
@@ -54,6 +55,10 @@ class PipelineConfig(StrictModel):
     )
     keep_finished: PositiveInt = Field(
         default=10_000, description="finished sessions kept in memory (older results are read from the store)"
+    )
+    sandbox_pool: SandboxPoolConfig = Field(
+        default_factory=SandboxPoolConfig,
+        description="warm sandboxes per runtime spec taken by INIT, and where reused ones wait (max 0: off)",
     )
 
 

@@ -16,11 +16,12 @@ too far behind are cancelled with status ``stale`` (``polar_cli.gateway.stalenes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from polar_cli.errors import BackendError, ConfigError, SessionError
+from polar_cli.errors import BackendError, ConfigError, PolarError, SessionError
 from polar_cli.gateway import staleness
 from polar_cli.gateway.app import PROXY_PREFIX, create_app
 from polar_cli.gateway.backend_check import check_backend
@@ -37,6 +38,7 @@ from polar_cli.models.inference import PauseMode, PoolStatus
 from polar_cli.models.task import without_script
 from polar_cli.node_protocol import ATTEMPT_KEY, PAUSE_TIMEOUT_S, BatchSessionAnswer, SessionBatch, SessionInfo
 from polar_cli.proxy import ProxyState, session_options
+from polar_cli.runtimes.pool import SandboxPool, SandboxRecipe
 from polar_cli.task_check import check_task
 from polar_cli.web.errors import status_for
 from polar_cli.web.listen import Listener, listen, with_port
@@ -60,11 +62,14 @@ class GatewayNode:
         self.proxy = proxy or ProxyState(self.config.proxy_config())
         self.store = ResultStore(self.config.results_dir)
         self._node_id = node_id or local_node_id(self.config.data_dir)
+        self.sandboxes = SandboxPool(self.config.pipeline.sandbox_pool, demand=self._init_demand)
+        """Warm sandboxes INIT takes (``pipeline.sandbox_pool``; off by default)."""
         self.driver = GatewaySessionDriver(self.proxy, scratch_root=self.config.scratch_root, base_dir=base_dir,
-                                           node_id=self._node_id)  # fmt: skip
+                                           node_id=self._node_id, pool=self.sandboxes)  # fmt: skip
         self.sweeps = RuntimeSweeps(self.config.runtime_gc, node_id=lambda: self.node_id, held=self._held,
                                     scratch_root=self.config.scratch_root)  # fmt: skip
         self.metrics = GatewayMetrics(self.proxy.metrics.registry)
+        self.metrics.watch_sandboxes(self.sandboxes.snapshot)
         """The node's one registry holds its proxy's metrics and its pipeline's (``GET /metrics``)."""
         self.pipeline = StagedPipeline(self.driver, self.config.pipeline, store=self.store, on_result=on_result,
                                        metrics=self.metrics)  # fmt: skip
@@ -82,8 +87,10 @@ class GatewayNode:
         self._node_id = self.driver.node_id = value
 
     def _held(self) -> list[str]:
-        """The session ids whose runtimes are live here (a session's evaluation runtime included)."""
-        return [sid for job in self.pipeline.active() for sid in (job.session_id, job.session_id + FRESH_SUFFIX)]
+        """The session ids whose runtimes are live here (a session's evaluation runtime included), and the pool ids
+        of the warm pool's sandboxes."""
+        sessions = [sid for job in self.pipeline.active() for sid in (job.session_id, job.session_id + FRESH_SUFFIX)]
+        return sessions + self.sandboxes.held()
 
     @property
     def draining(self) -> bool:
@@ -116,6 +123,7 @@ class GatewayNode:
         public = self.config.public_url
         self.url = (with_port(public, self._listener.port) if public else self._listener.url).rstrip("/")
         self.proxy.base_url = self.url + PROXY_PREFIX
+        await self.sandboxes.start()
         await self.pipeline.start()
         self.sweeps.start()
 
@@ -124,6 +132,7 @@ class GatewayNode:
         await self.sweeps.close()
         await self.pipeline.close()
         await asyncio.gather(*self._stale, return_exceptions=True)  # the pipeline concluded their sessions
+        await self.sandboxes.close()  # every pooled sandbox stopped
         if self._listener is not None:
             await self._listener.close()  # closes the proxy (its cleanup hook) too
             self._listener = None
@@ -134,6 +143,13 @@ class GatewayNode:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _init_demand(self) -> Iterator[SandboxRecipe]:
+        """A sandbox recipe per session waiting for an INIT worker: what sizes the sandbox pool."""
+        for job in self.pipeline.active():
+            if job.stage is Stage.INIT_QUEUED and job.task is not None:
+                with contextlib.suppress(PolarError):  # e.g. a harness not installed: its INIT will say so
+                    yield self.driver.recipe(job.task)
 
     # ---- Python API ---------------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Per session (``job.task`` is its TaskRequest):
 
 - INIT: a proxy session (id = the session id; the task's ``metadata.script``, if any, is the scripted backend's
   per-session script; ``agent.sampling`` is forced onto its every model call), then the runtime from ``task.runtime``
-  with its prepare actions.
+  with its prepare actions (a ready one from the gateway's sandbox pool, ``polar_cli.runtimes.pool``, when it has one).
 - RUNNING: with ``evaluator.refresh_runtime`` a second runtime from the same spec starts in the background (prewarmed
   for evaluation); the harness runs until it exits, the agent deadline passes or the session hits one of its
   ``agent.limits`` (then its process group is killed: ``timeout``, ``limit``). When it ends, the proxy session is
@@ -12,7 +12,9 @@ Per session (``job.task`` is its TaskRequest):
 - POSTRUN: the captured completions, ``build_trajectory(task.builder.strategy, completions, context=...,
   **task.builder.config)`` in a thread (the BuildContext carries the session's ids, task metadata, status and the served
   model's tokenizer when one is found), then the evaluator plugin with the agent's runtime and the fresh one.
-- teardown: both runtimes (``cancel()`` when immediate, else ``stop()``) and the proxy session; idempotent.
+- teardown: both runtimes (``cancel()`` when immediate, else ``stop()``; with ``runtime.reuse: reset`` and a run that
+  ended ``completed``, ``timeout`` or ``limit``, the agent's goes back to the pool to be reset) and the proxy session;
+  idempotent.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ from polar_cli.harnesses.run import context_for, failure_report, run_harness, ta
 from polar_cli.interfaces.builder import BuildContext
 from polar_cli.interfaces.evaluator import EvaluationContext, EvaluationResult
 from polar_cli.interfaces.harness import Harness, HarnessRun
-from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle
+from polar_cli.interfaces.runtime import RuntimeHandle
 from polar_cli.models import Completion, TaskRequest, Trajectory, TrajectoryStatus
 from polar_cli.proxy import ProxyState, SessionGuard
 from polar_cli.registry import get_evaluator, get_harness
-from polar_cli.runtimes import start_session
+from polar_cli.runtimes.pool import SandboxPool, SandboxRecipe
 
 FRESH_SUFFIX = "-eval"  # the refresh runtime's session id: <session>-eval
+REUSABLE_AFTER = ("completed", "timeout", "limit")
+"""Run endings after which a ``reuse: reset`` sandbox may be reset for another session (an error or a cancellation
+destroys it)."""
 
 
 def _task(job: SessionJob) -> TaskRequest:
@@ -65,6 +70,7 @@ class GatewaySessionDriver:
         scratch_root: Path | None = None,
         base_dir: Path | None = None,
         node_id: str | None = None,
+        pool: SandboxPool | None = None,
     ) -> None:
         self.proxy = proxy
         self.scratch_root = scratch_root
@@ -73,22 +79,25 @@ class GatewaySessionDriver:
         self.base_dir = base_dir
         """Where relative ``upload`` sources of prepare actions are found (the task file's folder)."""
         self.tokenizers = ModelTokenizerFinder(proxy)
+        self.pool = pool or SandboxPool()
+        """Where runtimes come from and go back to (disabled by default: each session starts and stops its own)."""
 
-    def _context(self, session_id: str, harness: Harness) -> RuntimeContext:
-        return RuntimeContext(session_id, tools_dir=tools_dir_for(harness), scratch_root=self.scratch_root,
-                              node_id=self.node_id)  # fmt: skip
+    def recipe(self, task: TaskRequest) -> SandboxRecipe:
+        """How the task's runtimes start (its spec, its harness's tools dir, the task folder, the scratch root, the
+        node that labels them)."""
+        tools = tools_dir_for(get_harness(task.agent.harness))
+        return SandboxRecipe(task.runtime, tools, self.base_dir, self.scratch_root, self.node_id)
 
     async def init(self, job: SessionJob) -> None:
         task = _task(job)
-        harness = get_harness(task.agent.harness)
-        context = self._context(job.session_id, harness)
+        recipe = self.recipe(task)
         metadata = {**task.metadata, "task_id": task.task_id, "sample_index": job.sample_index}
         # fresh: an earlier attempt of this session id (e.g. on a killed gateway) recorded calls that are not this one's
         info = await self.proxy.create_session(job.session_id, metadata, fresh=True, sampling=task.agent.sampling,
                                                limits=task.agent.limits, token_mode=task.agent.token_mode,
                                                keep_reasoning=task.agent.keep_reasoning)  # fmt: skip
         job.resources.proxy_key = info["api_key"]
-        job.resources.runtime = await start_session(task.runtime, context, base_dir=self.base_dir)
+        job.resources.runtime = await self.pool.acquire(recipe, job.session_id)
 
     async def run(self, job: SessionJob, deadline: float | None) -> RunOutcome:
         task = _task(job)
@@ -97,9 +106,9 @@ class GatewaySessionDriver:
         handle, api_key = resources.runtime, resources.proxy_key
         if handle is None or api_key is None:
             raise SessionError(f"session {job.session_id} reached RUNNING without its runtime and proxy session")
-        if task.evaluator.refresh_runtime:
-            fresh_context = self._context(job.session_id + FRESH_SUFFIX, harness)
-            resources.prewarm = asyncio.create_task(start_session(task.runtime, fresh_context, base_dir=self.base_dir))
+        if task.evaluator.refresh_runtime:  # never a used sandbox: a fresh one from the pool at most
+            fresh = self.pool.acquire(self.recipe(task), job.session_id + FRESH_SUFFIX, evaluation=True)
+            resources.prewarm = asyncio.create_task(fresh)
         context = context_for(
             handle,
             instruction=task.instruction,
@@ -207,9 +216,10 @@ class GatewaySessionDriver:
             except PolarError as exc:
                 problems.append(f"fresh runtime: {exc}")
         # each handle is kept until it is really gone, so an immediate retry tries again
-        if resources.fresh is not None and await _stopped(resources.fresh, immediate, problems):
+        if resources.fresh is not None and await self._released(resources.fresh, immediate, False, problems):
             resources.fresh = None
-        if resources.runtime is not None and await _stopped(resources.runtime, immediate, problems):
+        reuse = job.outcome is not None and job.outcome.status in REUSABLE_AFTER and not job.cancel_requested
+        if resources.runtime is not None and await self._released(resources.runtime, immediate, reuse, problems):
             resources.runtime = None
         try:
             await self._close_proxy_session(job)
@@ -217,6 +227,16 @@ class GatewaySessionDriver:
             problems.append(f"proxy session: {exc}")
         if problems:
             raise RuntimeFailure("; ".join(problems))
+
+    async def _released(self, handle: RuntimeHandle, immediate: bool, reuse: bool, problems: list[str]) -> bool:
+        """Stop (or, ``immediate``, cancel) ``handle``, or give it back for reuse; whether it is gone, else the
+        problem is added to ``problems``."""
+        try:
+            await self.pool.release(handle, reuse=reuse, immediate=immediate)
+        except PolarError as exc:
+            problems.append(str(exc))
+            return False
+        return True
 
 
 async def _until_limit(harness_run: asyncio.Task[HarnessRun], guard: SessionGuard | None) -> HarnessRun | None:
@@ -229,13 +249,3 @@ async def _until_limit(harness_run: asyncio.Task[HarnessRun], guard: SessionGuar
     finally:
         tripped.cancel()
     return harness_run.result() if harness_run.done() else None
-
-
-async def _stopped(handle: RuntimeHandle, immediate: bool, problems: list[str]) -> bool:
-    """Stop (or, ``immediate``, cancel) ``handle``; whether it is gone, else the problem is added to ``problems``."""
-    try:
-        await (handle.cancel() if immediate else handle.stop())
-    except PolarError as exc:
-        problems.append(str(exc))
-        return False
-    return True

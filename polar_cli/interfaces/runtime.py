@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
+from polar_cli.errors import RuntimeFailure
 from polar_cli.interfaces.base import Component
 from polar_cli.models.base import describe_config_keys_error
 
@@ -238,6 +239,19 @@ class RuntimeHandle(ABC):
             timed_out=timed_out,
         )
 
+    async def checkpoint(self, keep: Sequence[str] = ()) -> None:
+        """Record the sandbox as it is now (prepare done, no session yet): the state :meth:`restore` returns to.
+
+        ``keep``: runtime paths restore leaves alone (a git repository, which the caller resets with git). Runtimes
+        that cannot restore (``Runtime.can_restore`` false) raise RuntimeFailure."""
+        raise RuntimeFailure(f"session {self.session_id}: this runtime cannot restore a sandbox")
+
+    async def restore(self) -> None:
+        """Back to the :meth:`checkpoint`: kill every process started since, remove every file added since outside
+        ``keep``. RuntimeFailure when that cannot be done (e.g. a file that existed at the checkpoint was changed or
+        deleted): the caller then destroys the sandbox."""
+        raise RuntimeFailure(f"session {self.session_id}: this runtime cannot restore a sandbox")
+
     async def __aenter__(self) -> RuntimeHandle:
         return self
 
@@ -249,6 +263,9 @@ class Runtime(Component):
     """A runtime backend (local process, Docker, Apptainer, ...): a factory of per-session handles."""
 
     kind: ClassVar[str] = "runtime"
+    can_restore: ClassVar[bool] = False
+    """Whether its handles implement :meth:`RuntimeHandle.checkpoint` and :meth:`RuntimeHandle.restore` (what
+    ``runtime.reuse: reset`` needs)."""
 
     def check_spec(self, spec: RuntimeSpec) -> Any:
         """``spec.config`` parsed as :attr:`options`; ConfigError naming the field when ``spec`` is not one this

@@ -42,8 +42,29 @@ class Mount(StrictModel):
     read_only: bool = False
 
 
+class ResetSpec(StrictModel):
+    """``runtime.reset``: how a used sandbox is brought back to the state it had after prepare (``reuse: reset``).
+
+    The runtime always kills what the session started and removes the files it added outside ``git``; with ``git``
+    the repository there is reset to ``base``; ``check`` is the sandbox's own verification."""
+
+    git: str | None = Field(
+        default=None, description="a git repository in the runtime (absolute, or relative to the session dir): git "
+        "reset --hard <base>, git clean -ffdx, its refs, config and hooks as they were after prepare",
+    )  # fmt: skip
+    base: str | None = Field(default=None, description="the revision the repository goes back to (default: its HEAD "
+                             "after prepare)")  # fmt: skip
+    check: str | None = Field(default=None, description="shell text run after the reset (cwd: git, else the "
+                              "workdir); anything but exit 0 destroys the sandbox")  # fmt: skip
+    timeout_seconds: Timeout = Field(default=120.0, description="budget of the whole reset, check included")
+
+
 class RuntimeSpec(StrictModel):
-    """Where the harness runs: ``local``, ``docker``, ``apptainer`` or a plugin runtime."""
+    """Where the harness runs: ``local``, ``docker``, ``apptainer`` or a plugin runtime.
+
+    ``reuse: reset`` lets a gateway with a sandbox pool (``pipeline.sandbox_pool``) hand a used sandbox to the next
+    session of the same spec after ``reset``, for at most ``reuse_max_sessions`` sessions and ``reuse_max_seconds``
+    (docs/runtimes.md, "Warm pools and reuse")."""
 
     backend: str = "local"
     image: str | None = None
@@ -55,6 +76,13 @@ class RuntimeSpec(StrictModel):
     mounts: list[Mount] = Field(default_factory=list)
     prepare: list[PrepareAction] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
+    reuse: Literal["none", "reset"] = Field(
+        default="none", description="none: a sandbox serves one session; reset: after a session it is reset and may "
+        "serve the next one of the same spec",
+    )  # fmt: skip
+    reset: ResetSpec = Field(default_factory=ResetSpec, description="how a used sandbox is reset (reuse: reset)")
+    reuse_max_sessions: int = Field(default=16, ge=1, le=MAX_COUNT, description="sessions one sandbox serves at most")
+    reuse_max_seconds: Timeout = Field(default=3600.0, description="a sandbox older than this is not reused")
 
 
 class SamplingSpec(StrictModel):

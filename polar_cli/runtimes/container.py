@@ -13,9 +13,11 @@ commands through its in-container exec server instead, see ``exec_server.py``.)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import posixpath
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -82,6 +84,30 @@ class ContainerHandle(ScratchHandle):
             if rest is not None:
                 return host / rest if rest else host
         return None
+
+    def host_of(self, path: str) -> Path | None:
+        return self._host(path)
+
+    def _inside(self, host: Path) -> str | None:
+        """The runtime path of a host path under the session or home dir."""
+        for base, root in ((SESSION_PATH, self.scratch.session), (HOME_PATH, self.scratch.home)):
+            if root in host.parents:
+                return posixpath.join(base, host.relative_to(root).as_posix())
+        return None
+
+    async def remove_added(self, paths: Sequence[Path]) -> None:
+        """Files the container's root wrote may not be removable by the host user: those go from inside."""
+        inside = []
+        for path in paths:
+            try:
+                await asyncio.to_thread(remove_tree, path)
+            except PermissionError:
+                target = self._inside(path)
+                if target is None:
+                    raise
+                inside.append(target)
+        if inside:
+            await self._in_container(["rm", "-rf", "--", *inside], "removal of session files")
 
     async def _in_container(self, argv: list[str], what: str) -> None:
         result = await self.exec(argv, timeout=300)

@@ -34,6 +34,7 @@ from polar_cli.interfaces.runtime import (
     RUN_PATH,
     SESSION_PATH,
     TOOLS_PATH,
+    ExecResult,
     Leftover,
     Owner,
     RuntimeContext,
@@ -42,6 +43,7 @@ from polar_cli.interfaces.runtime import (
 )
 from polar_cli.models import StrictModel
 from polar_cli.models.task import RuntimeSpec
+from polar_cli.runtimes.checkpoint import APPLY_SCRIPT, KILL_NEW_SCRIPT, PIDS_SCRIPT, ROOTFS_MARKER, rootfs_plan, shown
 from polar_cli.runtimes.container import (
     KILL_SCRIPT,
     ContainerHandle,
@@ -248,6 +250,8 @@ class DockerHandle(ContainerHandle):
         self._server: ExecServer | None = None
         self._server_lock = asyncio.Lock()
         self._server_failure: str | None = None
+        self._checkpoint_pids = ""
+        self._checkpoint_rootfs: dict[str, int] = {}
 
     async def spawn(
         self,
@@ -321,6 +325,40 @@ class DockerHandle(ContainerHandle):
                 return False
             raise
         return bool((info.get("State") or {}).get("Running"))
+
+    async def _script(self, script: str, what: str, stdin: str = "") -> ExecResult:
+        result = await self.exec(["/bin/sh", "-c", script], stdin=stdin.encode(), timeout=120)
+        if result.timed_out or result.exit_code not in (0, 1):
+            raise RuntimeFailure(f"session {self.session_id}: {what} failed: {result.stderr.strip() or result.stdout}")
+        return result
+
+    async def _diff(self) -> dict[str, int]:
+        changes = await call("container diff", self.container.diff) or []
+        return {str(c["Path"]): int(c["Kind"]) for c in changes}
+
+    async def checkpoint_inside(self) -> None:
+        await self._script(f"touch {ROOTFS_MARKER}", "the checkpoint marker")
+        pids = await self._script(PIDS_SCRIPT, "the process list")
+        self._checkpoint_pids = pids.stdout
+        self._checkpoint_rootfs = await self._diff()
+
+    async def kill_since_checkpoint(self) -> None:
+        survivors = (await self._script(KILL_NEW_SCRIPT, "killing the session's processes",
+                                        self._checkpoint_pids)).stdout.split()  # fmt: skip
+        if survivors:
+            raise RuntimeFailure(f"session {self.session_id}: processes {shown(survivors)} survived SIGKILL")
+
+    async def restore_inside(self) -> None:
+        lines, broken = rootfs_plan(self._checkpoint_rootfs, await self._diff(), self.kept)
+        if broken:
+            raise RuntimeFailure(f"changed since the checkpoint: {shown(broken)}")
+        applied = await self._script(APPLY_SCRIPT, "the rootfs restore", "".join(f"{line}\n" for line in lines))
+        if applied.exit_code != 0:
+            raise RuntimeFailure(f"the rootfs cannot be restored: {shown(applied.stdout.splitlines())}")
+        lines, broken = rootfs_plan(self._checkpoint_rootfs, await self._diff(), self.kept)
+        added = [line[2:] for line in lines if line.startswith("R ")]
+        if broken or added:
+            raise RuntimeFailure(f"the rootfs still differs from the checkpoint: {shown(broken + added)}")
 
     async def kill_in_container(self, sig: str, pid: int) -> None:
         if self._server is not None and self._server.send(f"k {sig} {pid}"):
@@ -410,6 +448,7 @@ def _check_mounts(spec: RuntimeSpec) -> None:
 
 class DockerRuntime(ContainerRuntime):
     name: ClassVar[str] = "docker"
+    can_restore: ClassVar[bool] = True
     description: ClassVar[str] = "one Docker container per session (needs the docker extra)"
     options: ClassVar[type[BaseModel]] = DockerOptions
 

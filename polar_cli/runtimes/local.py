@@ -113,6 +113,7 @@ class LocalHandle(ScratchHandle):
         self.tools_path = str(context.tools_dir) if context.tools_dir else None
         self.isolation = isolation
         self._processes: list[HostProcess] = []
+        self._checkpoint_pids: set[int] = set()
         env = base_environment()
         if self.tools_path:
             env["PATH"] = f"{self.tools_path}/bin:{env['PATH']}"
@@ -179,6 +180,27 @@ class LocalHandle(ScratchHandle):
     async def write_file(self, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
         await write_bytes(self.host_path(path), content, mode)
 
+    def host_of(self, path: str) -> Path | None:
+        return self.host_path(path)
+
+    async def checkpoint_inside(self) -> None:
+        self._checkpoint_pids = set(await asyncio.to_thread(_marked_pids, self._marker))
+
+    async def kill_since_checkpoint(self) -> None:
+        await terminate_all(self._processes, 0.0)
+        self._processes = [p for p in self._processes if p.process.returncode is None]
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while True:
+            pids = set(await asyncio.to_thread(_marked_pids, self._marker)) - self._checkpoint_pids
+            if not pids:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"session {self.session_id}: processes {sorted(pids)} survived SIGKILL")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(POLL_SECONDS)
+
     async def release(self, grace: float) -> None:
         await terminate_all(self._processes, grace)
         await kill_marked(self._marker, grace)
@@ -189,6 +211,7 @@ class LocalHandle(ScratchHandle):
 
 class LocalRuntime(ScratchRuntime):
     name: ClassVar[str] = "local"
+    can_restore: ClassVar[bool] = True
     description: ClassVar[str] = "host processes in a private session dir and home (mount-namespace isolated)"
 
     options: ClassVar[type[BaseModel]] = LocalOptions
