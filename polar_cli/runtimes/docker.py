@@ -326,8 +326,10 @@ class DockerHandle(ContainerHandle):
             raise
         return bool((info.get("State") or {}).get("Running"))
 
-    async def _script(self, script: str, what: str, stdin: str = "") -> ExecResult:
-        result = await self.exec(["/bin/sh", "-c", script], stdin=stdin.encode(), timeout=120)
+    async def _script(self, script: str, what: str, stdin: str = "", *, own_exec: bool = False) -> ExecResult:
+        """``script`` through ``sh -c``; ``own_exec``: as an engine exec of its own, outside the exec server (a
+        script that kills the container's processes must not kill the server process that runs it)."""
+        result = await self.exec(["/bin/sh", "-c", script], stdin=stdin.encode(), timeout=120, long_running=own_exec)
         if result.timed_out or result.exit_code not in (0, 1):
             raise RuntimeFailure(f"session {self.session_id}: {what} failed: {result.stderr.strip() or result.stdout}")
         return result
@@ -343,8 +345,8 @@ class DockerHandle(ContainerHandle):
         self._checkpoint_rootfs = await self._diff()
 
     async def kill_since_checkpoint(self) -> None:
-        survivors = (await self._script(KILL_NEW_SCRIPT, "killing the session's processes",
-                                        self._checkpoint_pids)).stdout.split()  # fmt: skip
+        survivors = (await self._script(KILL_NEW_SCRIPT, "killing the session's processes", self._checkpoint_pids,
+                                        own_exec=True)).stdout.split()  # fmt: skip
         if survivors:
             raise RuntimeFailure(f"session {self.session_id}: processes {shown(survivors)} survived SIGKILL")
 
