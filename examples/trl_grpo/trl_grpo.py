@@ -258,7 +258,7 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         output_dir=str(out / "trl"),
         use_cpu=True,
         bf16=False,
-        optim="adamw_torch",
+        optim=args.optim,
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         max_steps=args.steps,
@@ -327,7 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-generations", type=int, default=8, help="sessions per prompt (TRL's num_generations)")
     parser.add_argument("--max-tokens", type=int, default=128, help="cap on each model call's sampled tokens")
     parser.add_argument("--timeout", type=int, default=120, help="seconds a session may run")
-    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (TRL's AdamW, constant)")
+    parser.add_argument("--optim", choices=["adamw_torch", "sgd"], default="adamw_torch", help="sgd: no momentum")
+    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (constant)")
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (data order)")
     parser.add_argument("--model", type=Path, help="start from this model folder (default: tiny_agent's cached model)")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
