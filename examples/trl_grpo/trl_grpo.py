@@ -18,7 +18,7 @@ the line: LINE"; reward 1.0 when the file holds the line, else 0.0). One step:
    (one GRPO group), ``client.groups(...)`` waits for them, ``trl_rollout`` turns them into TRL's dict: the first
    prompt of each session's main trace, the rest of it (model turns, mask 1; tool results, mask 0) as the completion.
 2. training: TRL scores the rows with ``polar_reward_func`` (each session's reward), computes its group-relative
-   advantages and takes one optimizer step (its DAPO loss, no KL term).
+   advantages and takes one optimizer step (its DAPO loss; a KL term only with ``--beta``).
 3. weight loading: a ``TrainerCallback`` saves the weights into ``DIR/checkpoints/vN`` at ``on_step_end`` and calls
    ``client.load_weights(folder)``: vLLM reloads in place, the policy version advances.
 4. verify: the step's traces against the weights that sampled them (``polar verify --recompute``, in process).
@@ -258,7 +258,7 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         output_dir=str(out / "trl"),
         use_cpu=True,
         bf16=False,
-        optim="adamw_torch",
+        optim=args.optim,
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         max_steps=args.steps,
@@ -267,7 +267,7 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         steps_per_generation=1,
         num_iterations=1,
         temperature=1.0,  # the sampling temperature the tasks ask the proxy for
-        beta=0.0,
+        beta=args.beta,
         save_strategy="no",
         logging_steps=1,
         report_to="none",
@@ -327,7 +327,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-generations", type=int, default=8, help="sessions per prompt (TRL's num_generations)")
     parser.add_argument("--max-tokens", type=int, default=128, help="cap on each model call's sampled tokens")
     parser.add_argument("--timeout", type=int, default=120, help="seconds a session may run")
-    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (TRL's AdamW, constant)")
+    parser.add_argument("--optim", choices=["adamw_torch", "sgd"], default="adamw_torch", help="sgd: no momentum")
+    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (constant)")
+    parser.add_argument("--beta", type=float, default=0.0, help="TRL's KL coefficient (0: no reference model)")
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (data order)")
     parser.add_argument("--model", type=Path, help="start from this model folder (default: tiny_agent's cached model)")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
