@@ -61,8 +61,10 @@ MAX_MODEL_LEN = 65536
 # random name; the day; codex's per-call chunk id and timing), written one fixed way in the training windows so that
 # the same inputs give the same weights
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
-CANONICAL_DATE = "2026-01-01"
-HELD_OUT_DATE = "2031-07-15"  # the gate's: a day the training windows never show
+# the days a training window with a date is shown on: the model must not key on the day (trained on one day, a
+# model may fail on the next); the gate's is none of them
+TRAINING_DATES = ("2024-03-17", "2025-12-02", "2026-07-28", "2028-10-09", "2030-05-21")
+HELD_OUT_DATE = "2027-09-13"
 CODEX_CALL = ((re.compile(r"Chunk ID: [0-9a-f]+"), "Chunk ID: 000000"),
               (re.compile(r"Wall time: [0-9.]+ seconds"), "Wall time: 0.0000 seconds"))  # fmt: skip
 GATE_TEMPERATURE = 0.5  # the tests' sampling temperature (tests/examples/test_tiny_agent.py, test_token_mode_vllm.py)
@@ -210,18 +212,21 @@ def canonical(turn: Turn, date: str) -> Callable[[str], str]:
     return rewrite
 
 
-def training_windows(data: list[Turn], tokenizer: Any, context: int) -> tuple[list[Window], list[str]]:
-    """One window per distinct (task, turn), the varying text canonical, positions from 0 (rotary embeddings see
-    only relative positions), in task and turn order: the same inputs give the same windows whatever the sessions'
-    work dirs, day, prompt lengths or order. Also the (task, turn)s whose sessions still differ (none expected)."""
+def training_windows(data: list[Turn], tokenizer: Any, context: int) -> tuple[list[list[Window]], list[str]]:
+    """The windows of every distinct (task, turn), one list each (the turn's window on each of TRAINING_DATES, or
+    one window when it shows no date), the varying text canonical, positions from 0 (rotary embeddings see only
+    relative positions), in task and turn order: the same inputs give the same windows whatever the sessions' work
+    dirs, day, prompt lengths or order. Also the (task, turn)s whose sessions still differ (none expected)."""
     by_turn: dict[tuple[str, int], list[Window]] = {}
+    varying = set()
     for turn in data:
-        made = window(turn, tokenizer, context, canonical(turn, CANONICAL_DATE), 0)
-        seen = by_turn.setdefault((turn.task_id, turn.index), [])
-        if made not in seen:
-            seen.append(made)
-    varying = [f"{task} turn {index}" for (task, index), made in by_turn.items() if len(made) > 1]
-    return [w for made in by_turn.values() for w in made], varying
+        made = [window(turn, tokenizer, context, canonical(turn, date), 0) for date in TRAINING_DATES]
+        days = [w for i, w in enumerate(made) if w not in made[:i]]
+        seen = by_turn.setdefault((turn.task_id, turn.index), days)
+        if seen != days:
+            varying.add(f"{turn.task_id} turn {turn.index}")
+            seen += [w for w in days if w not in seen]
+    return list(by_turn.values()), sorted(varying)
 
 
 def gate_windows(data: list[Turn], tokenizer: Any, context: int) -> list[Window]:
@@ -232,7 +237,7 @@ def gate_windows(data: list[Turn], tokenizer: Any, context: int) -> list[Window]
 
 def base_model(folder: Path, seed: int) -> Any:
     """The demo model (random weights of ``seed``), untied (examples/grpo_tiny), with every layer's attention
-    limited to the last SLIDING_WINDOW tokens and positions for the CLIs' long prompts."""
+    limited to the last SLIDING_WINDOW tokens and positions for the CLIs' long prompts; written to ``folder``."""
     write_base_model(folder, seed)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
@@ -283,20 +288,26 @@ def turn_probability(model: Any, window: Window, temperature: float) -> float:
     return math.exp(logprobs.sum().item())
 
 
-def train(model: Any, data: list[Window], args: argparse.Namespace, seed: int) -> list[float]:
-    """AdamW (learning rate decaying linearly to 0) on the windows, ``args.steps`` minibatches of ``args.batch`` in
-    the order of ``seed``; returns the losses."""
+def train(model: Any, data: list[list[Window]], args: argparse.Namespace, seed: int) -> list[float]:
+    """AdamW (learning rate decaying linearly to 0) on the turns' windows, ``args.steps`` minibatches of
+    ``args.batch`` turns in the order of ``seed``, a turn's next window (its next day) at each visit; returns the
+    losses."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / args.steps)  # linear to 0
     model.train()
     order: list[int] = []
+    visits = [0] * len(data)
     losses = []
     for step in range(args.steps):
         if len(order) < args.batch:
             order += rng.sample(range(len(data)), len(data))
         picked, order = order[: args.batch], order[args.batch :]
-        loss = loss_on(model, batch_tensors([data[i] for i in picked]))
+        batch = []
+        for i in picked:
+            batch.append(data[i][visits[i] % len(data[i])])
+            visits[i] += 1
+        loss = loss_on(model, batch_tensors(batch))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -398,36 +409,41 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     started = time.monotonic()
-    model = base_model(out / "base", args.model_seed)
+    base_model(out / "base", args.model_seed)
     tokenizer = AutoTokenizer.from_pretrained(out / "base")  # what vLLM serving the model tokenizes with
     print(f"== generate + export ({', '.join(args.harnesses)}; {len(TASKS)} tasks, scripted teacher)", flush=True)
     dataset = generate(out, tuple(args.harnesses), args.samples, out / "base")
     times["generate"] = time.monotonic() - started
     recorded = turns(dataset)
+    missing = sorted({task(h, f, line)["task_id"] for h in args.harnesses for f, line in TASKS}
+                     - {t.task_id for t in recorded})  # fmt: skip
+    if missing:
+        raise SystemExit(f"no accepted session of {missing} (the ledger's attempts say why: {out / 'rollouts'})")
     data, varying = training_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
     if varying:
         print(f"warning: sessions of one task still differ after canonicalization: {varying}", flush=True)
     held_out = gate_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
-    trained = sum(sum(m) for _, m, _ in data)
-    print(f"== SFT: {len(data)} windows ({len(recorded)} turns), {trained} trained tokens, {args.steps} steps a "
-          f"round", flush=True)  # fmt: skip
+    trained = sum(sum(days[0][1]) for days in data)
+    print(f"== SFT: {len(data)} distinct turns of {len(recorded)} ({sum(map(len, data))} windows with the days), "
+          f"{trained} trained tokens, {args.steps} steps", flush=True)  # fmt: skip
     started = time.monotonic()
     losses: list[float] = []
     gate: list[dict[str, Any]] = []
-    for round_ in range(args.gate_rounds):
-        losses += train(model, data, args, args.seed + round_)
+    for round_ in range(args.gate_rounds):  # each round trains the base model afresh, in another order
+        model = AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
+        losses = train(model, data, args, args.seed + round_)
         probs = [turn_probability(model, w, GATE_TEMPERATURE) for w in held_out]
         worst = min(range(len(probs)), key=probs.__getitem__)
         gate.append(
             {
-                "steps": len(losses),
+                "seed": args.seed + round_,
                 "min_turn_probability": probs[worst],
                 "mean_turn_probability": sum(probs) / len(probs),
                 "worst": f"{recorded[worst].task_id} sample {recorded[worst].sample} turn {recorded[worst].index}",
             }
         )
         print(
-            f"  gate after {len(losses)} steps: turn probability at temperature {GATE_TEMPERATURE} min "
+            f"  gate, seed {args.seed + round_}: turn probability at temperature {GATE_TEMPERATURE} min "
             f"{probs[worst]:.4f} ({gate[-1]['worst']}), mean {gate[-1]['mean_turn_probability']:.4f}",
             flush=True,
         )
@@ -435,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
             break
     else:
         raise SystemExit(
-            f"the model failed the gate after {len(losses)} steps: a held-out turn has probability "
+            f"the model failed the gate in {args.gate_rounds} rounds: a held-out turn has probability "
             f"{gate[-1]['min_turn_probability']:.4f} < {args.gate_min} ({gate[-1]['worst']})"
         )
     model_dir = out / "model"
@@ -445,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(out / "base")
     times["train"] = time.monotonic() - started
     summary: dict[str, Any] = {
-        "windows": len(data),
+        "windows": sum(map(len, data)),
+        "distinct_turns": len(data),
         "turns": len(recorded),
         "varying_turns": varying,
         "final_loss": losses[-1],
@@ -479,7 +496,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="gate: the least probability of each held-out turn at temperature 0.5",
     )
     parser.add_argument(
-        "--gate-rounds", type=int, default=3, help="gate: rounds of --steps steps at most before the build fails"
+        "--gate-rounds",
+        type=int,
+        default=3,
+        help="gate: trainings (seed, seed + 1, ...) at most before the build fails",
     )
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
