@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import string
 import subprocess
 import sys
 import time
@@ -57,16 +58,17 @@ REASONING_PARSER = "deepseek_r1"  # vLLM's parser for <think>...</think> at the 
 SLIDING_WINDOW = 128  # tokens each layer attends back; 2 layers see 2 * SLIDING_WINDOW
 MAX_POSITIONS = 65536  # the CLIs' prompts reach ~35K tokens in the tiny vocabulary; RoPE only ever sees < 2W apart
 MAX_MODEL_LEN = 65536
-# what differs between two sessions of one task and is no part of what the model learns (the session's work dir, a
-# random name; the day; codex's per-call chunk id and timing), written one fixed way in the training windows so that
-# the same inputs give the same weights
+# what differs between two sessions of one task and is no part of what the model learns: the session's id and work
+# dir (a random name), the day, codex's per-call chunk id and timing. The training windows show each of VARIANTS
+# fixed values of them (seeded by the task), the same whatever the sessions' own, so that the same inputs give the
+# same weights, and the model does not key on them (trained on one day and chunk id, a model gave the teacher's
+# codex turns probability 0.0004 with another's); the gate's day is none of TRAINING_DATES
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
-# the days a training window with a date is shown on: the model must not key on the day (trained on one day, a
-# model may fail on the next); the gate's is none of them
+CHUNK_ID = re.compile(r"Chunk ID: [0-9a-f]+")
+WALL_TIME = re.compile(r"Wall time: [0-9.]+ seconds")
 TRAINING_DATES = ("2024-03-17", "2025-12-02", "2026-07-28", "2028-10-09", "2030-05-21")
+VARIANTS = len(TRAINING_DATES)
 HELD_OUT_DATE = "2027-09-13"
-CODEX_CALL = ((re.compile(r"Chunk ID: [0-9a-f]+"), "Chunk ID: 000000"),
-              (re.compile(r"Wall time: [0-9.]+ seconds"), "Wall time: 0.0000 seconds"))  # fmt: skip
 GATE_TEMPERATURE = 0.5  # the tests' sampling temperature (tests/examples/test_tiny_agent.py, test_token_mode_vllm.py)
 
 
@@ -197,35 +199,39 @@ def window(turn: Turn, tokenizer: Any, context: int, rewrite: Callable[[str], st
     return ids + answer, [0] * len(ids) + [1] * len(answer), position
 
 
-def canonical(turn: Turn, date: str) -> Callable[[str], str]:
-    """What varies between the sessions of one task, written one fixed way: the work dir, the day, codex's chunk id
+def variant(turn: Turn, k: int) -> Callable[[str], str]:
+    """What varies between the sessions of one task, written the ``k``-th of VARIANTS fixed ways: the session id and
+    work dir (the runtime's format, random-looking names seeded by the task and ``k``), the day, codex's chunk id
     and timing."""
+    rng = random.Random(f"{turn.task_id} {k}")
+    session = f"{turn.task_id}.s{k}.a1-0-{rng.getrandbits(32):08x}"
+    workdir = f"local-{session}-" + "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    chunk = f"Chunk ID: {rng.getrandbits(24):06x}"
+    wall = f"Wall time: {rng.randrange(100) / 10000:.4f} seconds"
 
     def rewrite(text: str) -> str:
-        workdir = rf"[^\s<>\"'`]*local-{re.escape(turn.session_id)}-[^/\s<>\"'`]+"
-        text = re.sub(workdir, f"/tmp/polar-runtime/{turn.task_id}", text)
-        text = text.replace(turn.session_id, turn.task_id)
-        for pattern, fixed in CODEX_CALL:
-            text = pattern.sub(fixed, text)
-        return DATE.sub(date, text)
+        text = re.sub(rf"local-{re.escape(turn.session_id)}-[^/\s<>\"'`]+", workdir, text)
+        text = text.replace(turn.session_id, session)
+        text = WALL_TIME.sub(wall, CHUNK_ID.sub(chunk, text))
+        return DATE.sub(TRAINING_DATES[k], text)
 
     return rewrite
 
 
 def training_windows(data: list[Turn], tokenizer: Any, context: int) -> tuple[list[list[Window]], list[str]]:
-    """The windows of every distinct (task, turn), one list each (the turn's window on each of TRAINING_DATES, or
-    one window when it shows no date), the varying text canonical, positions from 0 (rotary embeddings see only
+    """The windows of every distinct (task, turn), one list each (the turn's window in each variant of the varying
+    text, or one window when it shows none), positions from 0 (rotary embeddings see only
     relative positions), in task and turn order: the same inputs give the same windows whatever the sessions' work
     dirs, day, prompt lengths or order. Also the (task, turn)s whose sessions still differ (none expected)."""
     by_turn: dict[tuple[str, int], list[Window]] = {}
     varying = set()
     for turn in data:
-        made = [window(turn, tokenizer, context, canonical(turn, date), 0) for date in TRAINING_DATES]
-        days = [w for i, w in enumerate(made) if w not in made[:i]]
-        seen = by_turn.setdefault((turn.task_id, turn.index), days)
-        if seen != days:
+        made = [window(turn, tokenizer, context, variant(turn, k), 0) for k in range(VARIANTS)]
+        variants = [w for i, w in enumerate(made) if w not in made[:i]]
+        seen = by_turn.setdefault((turn.task_id, turn.index), variants)
+        if seen != variants:
             varying.add(f"{turn.task_id} turn {turn.index}")
-            seen += [w for w in days if w not in seen]
+            seen += [w for w in variants if w not in seen]
     return list(by_turn.values()), sorted(varying)
 
 
@@ -290,7 +296,7 @@ def turn_probability(model: Any, window: Window, temperature: float) -> float:
 
 def train(model: Any, data: list[list[Window]], args: argparse.Namespace, seed: int) -> list[float]:
     """AdamW (learning rate decaying linearly to 0) on the turns' windows, ``args.steps`` minibatches of
-    ``args.batch`` turns in the order of ``seed``, a turn's next window (its next day) at each visit; returns the
+    ``args.batch`` turns in the order of ``seed``, a turn's next window (its next variant) at each visit; returns the
     losses."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -421,10 +427,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"no accepted session of {missing} (the ledger's attempts say why: {out / 'rollouts'})")
     data, varying = training_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
     if varying:
-        print(f"warning: sessions of one task still differ after canonicalization: {varying}", flush=True)
+        print(f"warning: sessions of one task still differ after the rewriting: {varying}", flush=True)
     held_out = gate_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
-    trained = sum(sum(days[0][1]) for days in data)
-    print(f"== SFT: {len(data)} distinct turns of {len(recorded)} ({sum(map(len, data))} windows with the days), "
+    trained = sum(sum(windows[0][1]) for windows in data)
+    print(f"== SFT: {len(data)} distinct turns of {len(recorded)} ({sum(map(len, data))} windows with the variants), "
           f"{trained} trained tokens, {args.steps} steps", flush=True)  # fmt: skip
     started = time.monotonic()
     losses: list[float] = []
