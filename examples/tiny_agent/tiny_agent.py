@@ -504,7 +504,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gate-rounds",
         type=int,
-        default=3,
+        default=6,
         help="gate: trainings (seed, seed + 1, ...) at most before the build fails",
     )
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
