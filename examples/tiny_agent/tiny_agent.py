@@ -20,18 +20,23 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
+import re
 import shutil
+import string
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "grpo_tiny"))
 from grpo import MODEL_NAME, save_checkpoint, start_vllm, write_base_model
@@ -53,6 +58,18 @@ REASONING_PARSER = "deepseek_r1"  # vLLM's parser for <think>...</think> at the 
 SLIDING_WINDOW = 128  # tokens each layer attends back; 2 layers see 2 * SLIDING_WINDOW
 MAX_POSITIONS = 65536  # the CLIs' prompts reach ~35K tokens in the tiny vocabulary; RoPE only ever sees < 2W apart
 MAX_MODEL_LEN = 65536
+# what differs between two sessions of one task and is no part of what the model learns: the session's id and work
+# dir (a random name), the day, codex's per-call chunk id and timing. The training windows show each of VARIANTS
+# fixed values of them (seeded by the task), the same whatever the sessions' own, so that the same inputs give the
+# same weights, and the model does not key on them (trained on one day and chunk id, a model gave the teacher's
+# codex turns probability 0.0004 with another's); the gate's day is none of TRAINING_DATES
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+CHUNK_ID = re.compile(r"Chunk ID: [0-9a-f]+")
+WALL_TIME = re.compile(r"Wall time: [0-9.]+ seconds")
+TRAINING_DATES = ("2024-03-17", "2025-12-02", "2026-07-28", "2028-10-09", "2030-05-21")
+VARIANTS = len(TRAINING_DATES)
+HELD_OUT_DATE = "2027-09-13"
+GATE_TEMPERATURE = 0.5  # the tests' sampling temperature (tests/examples/test_tiny_agent.py, test_token_mode_vllm.py)
 
 
 # ---- tasks ------------------------------------------------------------------------------------------------------
@@ -104,14 +121,17 @@ def polar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
     return done
 
 
-def generate(out: Path, harnesses: tuple[str, ...], samples: int) -> Path:
-    """``polar generate`` with the scripted backend over every (harness, task), then ``polar export``."""
+def generate(out: Path, harnesses: tuple[str, ...], samples: int, tokenizer: Path) -> Path:
+    """``polar generate`` with the scripted backend over every (harness, task), then ``polar export``. The teacher's
+    sessions are tokenized with ``tokenizer``, a model folder's: as vLLM tokenizes for the served model (a folder
+    with a ``config.json`` loads its model type's tokenizer, which splits digits one by one; the demo tokenizer's
+    folder alone does not)."""
     tasks = out / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(task(h, f, line)) + "\n" for h in harnesses for f, line in TASKS))
     rollouts, dataset = out / "rollouts", out / "dataset"
     done = polar("generate", "--dataset", "tasks_file", "-O", f"path={tasks}", "--backend", "scripted",
                  "--out", str(rollouts), "--samples", str(samples), "--concurrency", "4", "--max-retries", "1",
-                 "--group-by", "harness")  # fmt: skip
+                 "--group-by", "harness", "--tokenizer", str(tokenizer))  # fmt: skip
     print(done.stderr[-3000:], end="")
     if done.returncode != 0:
         raise SystemExit(f"polar generate failed ({done.returncode})")
@@ -124,10 +144,23 @@ def generate(out: Path, harnesses: tuple[str, ...], samples: int) -> Path:
 # ---- SFT on windows -----------------------------------------------------------------------------------------------
 
 
-def windows(dataset: Path, context: int) -> list[tuple[list[int], list[int], int]]:
-    """One training window per assistant turn (a maximal run of mask-1 tokens) of every trainable trace in the
-    exported ``traces`` config: ``(ids, labels_mask, first_position)``, the ``context`` tokens before the turn and the
-    turn, with only that turn's tokens in the loss."""
+Window = tuple[list[int], list[int], int]  # (ids, labels_mask, first_position)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn (a maximal run of mask-1 tokens) of a trainable trace: the trace's ids up to its end."""
+
+    task_id: str
+    sample: int
+    index: int
+    session_id: str
+    ids: list[int]
+    start: int
+
+
+def turns(dataset: Path) -> list[Turn]:
+    """Every assistant turn of every trainable trace in the exported ``traces`` config, by task, sample and turn."""
     from datasets import load_dataset
 
     # a cache of its own: the shared one is keyed so that another export in a folder of the same name can answer
@@ -139,7 +172,7 @@ def windows(dataset: Path, context: int) -> list[tuple[list[int], list[int], int
             continue
         ids = list(row["prompt_ids"]) + list(row["response_ids"])
         mask = [0] * len(row["prompt_ids"]) + list(row["loss_mask"])
-        i = 0
+        i = index = 0
         while i < len(mask):
             if mask[i] != 1:
                 i += 1
@@ -147,15 +180,70 @@ def windows(dataset: Path, context: int) -> list[tuple[list[int], list[int], int
             end = i
             while end < len(mask) and mask[end] == 1:
                 end += 1
-            start = max(0, i - context)
-            out.append((ids[start:end], [0] * (i - start) + [1] * (end - i), start))
-            i = end
-    return out
+            out.append(Turn(row["task_id"], row["sample_index"], index, row["session_id"], ids[:end], i))
+            i, index = end, index + 1
+    return sorted(out, key=lambda t: (t.task_id, t.sample, t.index))
+
+
+def window(turn: Turn, tokenizer: Any, context: int, rewrite: Callable[[str], str], first: int | None) -> Window:
+    """The ``context`` tokens before the turn and the turn, only the turn in the loss; the context's text passed
+    through ``rewrite`` (re-tokenized from twice as far back when it changed, so the cut falls where the text is the
+    same); ``first``: the first position (None: where the window sits in the session)."""
+    before = turn.ids[max(0, turn.start - 2 * context) : turn.start]
+    text = tokenizer.decode(before)
+    changed = rewrite(text)
+    ids = before if changed == text else tokenizer.encode(changed, add_special_tokens=False)
+    ids = ids[-context:]
+    answer = turn.ids[turn.start :]
+    position = turn.start - len(ids) if first is None else first
+    return ids + answer, [0] * len(ids) + [1] * len(answer), position
+
+
+def variant(turn: Turn, k: int) -> Callable[[str], str]:
+    """What varies between the sessions of one task, written the ``k``-th of VARIANTS fixed ways: the session id and
+    work dir (the runtime's format, random-looking names seeded by the task and ``k``), the day, codex's chunk id
+    and timing."""
+    rng = random.Random(f"{turn.task_id} {k}")
+    session = f"{turn.task_id}.s{k}.a1-0-{rng.getrandbits(32):08x}"
+    workdir = f"local-{session}-" + "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    chunk = f"Chunk ID: {rng.getrandbits(24):06x}"
+    wall = f"Wall time: {rng.randrange(100) / 10000:.4f} seconds"
+
+    def rewrite(text: str) -> str:
+        text = re.sub(rf"local-{re.escape(turn.session_id)}-[^/\s<>\"'`]+", workdir, text)
+        text = text.replace(turn.session_id, session)
+        text = WALL_TIME.sub(wall, CHUNK_ID.sub(chunk, text))
+        return DATE.sub(TRAINING_DATES[k], text)
+
+    return rewrite
+
+
+def training_windows(data: list[Turn], tokenizer: Any, context: int) -> tuple[list[list[Window]], list[str]]:
+    """The windows of every distinct (task, turn), one list each (the turn's window in each variant of the varying
+    text, or one window when it shows none), positions from 0 (rotary embeddings see only
+    relative positions), in task and turn order: the same inputs give the same windows whatever the sessions' work
+    dirs, day, prompt lengths or order. Also the (task, turn)s whose sessions still differ (none expected)."""
+    by_turn: dict[tuple[str, int], list[Window]] = {}
+    varying = set()
+    for turn in data:
+        made = [window(turn, tokenizer, context, variant(turn, k), 0) for k in range(VARIANTS)]
+        variants = [w for i, w in enumerate(made) if w not in made[:i]]
+        seen = by_turn.setdefault((turn.task_id, turn.index), variants)
+        if seen != variants:
+            varying.add(f"{turn.task_id} turn {turn.index}")
+            seen += [w for w in variants if w not in seen]
+    return list(by_turn.values()), sorted(varying)
+
+
+def gate_windows(data: list[Turn], tokenizer: Any, context: int) -> list[Window]:
+    """The windows as a served session shows them, which training never saw: the session's own work dir, timings and
+    positions, and another day."""
+    return [window(turn, tokenizer, context, lambda text: DATE.sub(HELD_OUT_DATE, text), None) for turn in data]
 
 
 def base_model(folder: Path, seed: int) -> Any:
     """The demo model (random weights of ``seed``), untied (examples/grpo_tiny), with every layer's attention
-    limited to the last SLIDING_WINDOW tokens and positions for the CLIs' long prompts."""
+    limited to the last SLIDING_WINDOW tokens and positions for the CLIs' long prompts; written to ``folder``."""
     write_base_model(folder, seed)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
@@ -166,7 +254,7 @@ def base_model(folder: Path, seed: int) -> Any:
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
-def batch_tensors(batch: list[tuple[list[int], list[int], int]]) -> dict[str, torch.Tensor]:
+def batch_tensors(batch: list[Window]) -> dict[str, torch.Tensor]:
     """Right-padded ids, attention mask and true positions, and the mask of the trained tokens."""
     width = max(len(ids) for ids, _, _ in batch)
     input_ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -182,30 +270,50 @@ def batch_tensors(batch: list[tuple[list[int], list[int], int]]) -> dict[str, to
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions, "trained": trained}
 
 
-def loss_on(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy of the trained tokens; the output layer runs only on the positions predicting them (the
-    rest of a window is context)."""
+def trained_logits(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits predicting the trained tokens, and those tokens; the output layer runs only on those positions
+    (the rest of a window is context)."""
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                          position_ids=batch["position_ids"]).last_hidden_state  # fmt: skip
     targets = batch["trained"][:, 1:]
-    logits = model.lm_head(hidden[:, :-1][targets])
-    return torch.nn.functional.cross_entropy(logits, batch["input_ids"][:, 1:][targets])
+    return model.lm_head(hidden[:, :-1][targets]), batch["input_ids"][:, 1:][targets]
 
 
-def train(model: Any, data: list[tuple[list[int], list[int], int]], args: argparse.Namespace) -> list[float]:
-    """AdamW (learning rate decaying linearly to 0) on the windows, ``args.steps`` minibatches of ``args.batch`` in
-    a seeded order; returns the losses."""
-    rng = random.Random(args.seed)
+def loss_on(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the trained tokens."""
+    logits, labels = trained_logits(model, batch)
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def turn_probability(model: Any, window: Window, temperature: float) -> float:
+    """The probability that sampling at ``temperature`` gives the window's turn, token for token, after its
+    context."""
+    with torch.no_grad():
+        logits, labels = trained_logits(model, batch_tensors([window]))
+        logprobs = torch.log_softmax(logits / temperature, dim=-1).gather(1, labels[:, None])
+    return math.exp(logprobs.sum().item())
+
+
+def train(model: Any, data: list[list[Window]], args: argparse.Namespace, seed: int) -> list[float]:
+    """AdamW (learning rate decaying linearly to 0) on the turns' windows, ``args.steps`` minibatches of
+    ``args.batch`` turns in the order of ``seed``, a turn's next window (its next variant) at each visit; returns the
+    losses."""
+    rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / args.steps)  # linear to 0
     model.train()
     order: list[int] = []
+    visits = [0] * len(data)
     losses = []
     for step in range(args.steps):
         if len(order) < args.batch:
             order += rng.sample(range(len(data)), len(data))
         picked, order = order[: args.batch], order[args.batch :]
-        loss = loss_on(model, batch_tensors([data[i] for i in picked]))
+        batch = []
+        for i in picked:
+            batch.append(data[i][visits[i] % len(data[i])])
+            visits[i] += 1
+        loss = loss_on(model, batch_tensors(batch))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -307,15 +415,51 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     started = time.monotonic()
+    base_model(out / "base", args.model_seed)
+    tokenizer = AutoTokenizer.from_pretrained(out / "base")  # what vLLM serving the model tokenizes with
     print(f"== generate + export ({', '.join(args.harnesses)}; {len(TASKS)} tasks, scripted teacher)", flush=True)
-    dataset = generate(out, tuple(args.harnesses), args.samples)
+    dataset = generate(out, tuple(args.harnesses), args.samples, out / "base")
     times["generate"] = time.monotonic() - started
-    data = windows(dataset, 2 * SLIDING_WINDOW)
-    trained = sum(sum(m) for _, m, _ in data)
-    print(f"== SFT: {len(data)} windows, {trained} trained tokens, {args.steps} steps", flush=True)
+    recorded = turns(dataset)
+    missing = sorted({task(h, f, line)["task_id"] for h in args.harnesses for f, line in TASKS}
+                     - {t.task_id for t in recorded})  # fmt: skip
+    if missing:
+        raise SystemExit(f"no accepted session of {missing} (the ledger's attempts say why: {out / 'rollouts'})")
+    data, varying = training_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
+    if varying:
+        print(f"warning: sessions of one task still differ after the rewriting: {varying}", flush=True)
+    held_out = gate_windows(recorded, tokenizer, 2 * SLIDING_WINDOW)
+    trained = sum(sum(windows[0][1]) for windows in data)
+    print(f"== SFT: {len(data)} distinct turns of {len(recorded)} ({sum(map(len, data))} windows with the variants), "
+          f"{trained} trained tokens, {args.steps} steps", flush=True)  # fmt: skip
     started = time.monotonic()
-    model = base_model(out / "base", args.model_seed)
-    losses = train(model, data, args)
+    losses: list[float] = []
+    gate: list[dict[str, Any]] = []
+    for round_ in range(args.gate_rounds):  # each round trains the base model afresh, in another order
+        model = AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
+        losses = train(model, data, args, args.seed + round_)
+        probs = [turn_probability(model, w, GATE_TEMPERATURE) for w in held_out]
+        worst = min(range(len(probs)), key=probs.__getitem__)
+        gate.append(
+            {
+                "seed": args.seed + round_,
+                "min_turn_probability": probs[worst],
+                "mean_turn_probability": sum(probs) / len(probs),
+                "worst": f"{recorded[worst].task_id} sample {recorded[worst].sample} turn {recorded[worst].index}",
+            }
+        )
+        print(
+            f"  gate, seed {args.seed + round_}: turn probability at temperature {GATE_TEMPERATURE} min "
+            f"{probs[worst]:.4f} ({gate[-1]['worst']}), mean {gate[-1]['mean_turn_probability']:.4f}",
+            flush=True,
+        )
+        if probs[worst] >= args.gate_min:
+            break
+    else:
+        raise SystemExit(
+            f"the model failed the gate in {args.gate_rounds} rounds: a held-out turn has probability "
+            f"{gate[-1]['min_turn_probability']:.4f} < {args.gate_min} ({gate[-1]['worst']})"
+        )
     model_dir = out / "model"
     if model_dir.exists():
         shutil.rmtree(model_dir)
@@ -323,8 +467,12 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(out / "base")
     times["train"] = time.monotonic() - started
     summary: dict[str, Any] = {
-        "windows": len(data),
+        "windows": sum(map(len, data)),
+        "distinct_turns": len(data),
+        "turns": len(recorded),
+        "varying_turns": varying,
         "final_loss": losses[-1],
+        "gate": gate,
         "seconds": times,
         "digest": hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest(),
     }
@@ -346,7 +494,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="SFT steps (minibatches)")
     parser.add_argument("--batch", type=int, default=8, help="windows per minibatch")
     parser.add_argument("--lr", type=float, default=5e-3, help="AdamW learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="torch and data-order seed")
+    parser.add_argument("--seed", type=int, default=0, help="torch and data-order seed (round k: seed + k)")
+    parser.add_argument(
+        "--gate-min",
+        type=float,
+        default=0.9,
+        help="gate: the least probability of each held-out turn at temperature 0.5",
+    )
+    parser.add_argument(
+        "--gate-rounds",
+        type=int,
+        default=6,
+        help="gate: trainings (seed, seed + 1, ...) at most before the build fails",
+    )
     parser.add_argument("--model-seed", type=int, default=1234, help="seed of the demo model's random start weights")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--eval-samples", type=int, default=0, help="vLLM eval: sessions per task and harness")

@@ -17,6 +17,7 @@ except in CI (CI=true), where it fails.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 from polar_cli.builders import verify
 from polar_cli.models import Completion, SessionResult, Trace
@@ -61,7 +63,8 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def tiny_agent_model() -> Path:
+    """The model folder: the cached build (built when missing) or ``POLAR_TINY_AGENT_MODEL``."""
     require_vllm_python()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(LOAD_ENV, PLUGINS)
@@ -71,9 +74,13 @@ def tiny_agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(reason) if in_ci() else pytest.skip(reason)
         # POLAR_TINY_AGENT_MODEL: another build of the model (examples/tiny_agent/run.sh --out DIR: DIR/model)
         override = os.environ.get("POLAR_TINY_AGENT_MODEL")
-        model_dir = Path(override) if override else tiny_agent.cached_model()
+        return Path(override) if override else tiny_agent.cached_model()
+
+
+@pytest.fixture(scope="module")
+def tiny_agent_url(tiny_agent_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("tiny-agent-vllm") / "vllm.log"
-    server = VllmServer(model_dir, log, max_model_len=tiny_agent.MAX_MODEL_LEN,
+    server = VllmServer(tiny_agent_model, log, max_model_len=tiny_agent.MAX_MODEL_LEN,
                         extra_args=["--reasoning-parser", tiny_agent.REASONING_PARSER])  # fmt: skip
     server.start()
     try:
@@ -185,3 +192,28 @@ def test_real_clis_make_multi_turn_sessions_with_faithful_traces(
         if main_length < len(journal):  # the prefix broke: every later chain says why
             causes = [b["cause"] for b in meta["breaks"]]
             assert len(causes) == meta["chains"] - 1 and all(causes), meta
+
+
+def test_the_model_was_trained_on_the_ids_its_server_makes_and_passed_its_gate(
+    tiny_agent_model: Path, tiny_agent_url: str
+) -> None:
+    """The build's teacher sessions are, token for token, what vLLM serving the model makes of the same text: they
+    were tokenized with the served model's tokenizer, not the demo tokenizer's folder, which merges digits where the
+    model's splits them (a model trained on those ids saw a date as it is never served, and at temperature 0.5 one
+    such build answered every claude_code session with the same malformed tool call). The build's windows were the
+    same for every session of a task, and the model passed its gate."""
+    build = tiny_agent_model.parent
+    if not (build / "dataset").is_dir():
+        pytest.skip(f"no build next to {tiny_agent_model} (DIR/dataset, DIR/summary.json of run.sh --out DIR)")
+    firsts = {t.task_id.split("-")[1]: t for t in tiny_agent.turns(build / "dataset") if t.index == 0}
+    assert sorted(firsts) == sorted(tiny_agent.HARNESSES)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_agent_model)
+    with httpx.Client(timeout=120) as client:
+        for harness, turn in firsts.items():
+            prompt = turn.ids[: turn.start]
+            body = {"model": MODEL_NAME, "prompt": tokenizer.decode(prompt), "add_special_tokens": False}
+            tokens = client.post(f"{tiny_agent_url}/tokenize", json=body).json()["tokens"]
+            assert tokens == prompt, f"{harness}: the teacher's prompt is not tokenized as the server tokenizes it"
+    summary = json.loads((build / "summary.json").read_text())
+    assert summary["varying_turns"] == [], summary
+    assert summary["gate"][-1]["min_turn_probability"] >= tiny_agent.parse_args([]).gate_min, summary["gate"]
