@@ -5,6 +5,7 @@ reset that leaves a git repository and the session's dirs as prepare left them."
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -204,3 +205,28 @@ def test_through_a_gateway_a_completed_session_returns_its_sandbox_and_a_failed_
 
     run(body())
     assert not list((tmp_path / "scratch").glob("local-*"))  # the gateway's close stopped the ready one
+
+
+def test_pooled_sandboxes_carry_the_node_id_and_the_ttl_sweep_leaves_them_alone(tmp_path: Path) -> None:
+    """A ready sandbox belongs to no session: the gateway's TTL sweep must still count it as held."""
+    ok = task("ok", {}, runtime={"backend": "local", "reuse": "reset"})
+    cfg = config(tmp_path, sandbox_pool={"max": 2, "idle_seconds": 60})
+    cfg.runtime_gc.ttl_seconds = 0.01
+    cfg.runtime_gc.interval_seconds = None
+
+    async def body() -> None:
+        async with GatewayNode(cfg) as node:
+            pool = node.sandboxes
+            done = await node.pipeline.run(node.job_for(ok, 0))
+            assert done.status == "completed", done.error
+            await settled(pool)
+            assert pool.ready(node.driver.recipe(ok)) == 1
+            [held] = pool.held()
+            [scratch] = (tmp_path / "scratch").glob(f"local-{held}-*")
+            assert json.loads((scratch / ".owner.json").read_text())["node_id"] == node.node_id
+            await asyncio.sleep(0.05)  # older than the TTL
+            report = await node.sweeps.ttl_sweep()
+            assert not report.removed and scratch.exists()
+            assert pool.ready(node.driver.recipe(ok)) == 1
+
+    run(body())
