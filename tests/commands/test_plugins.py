@@ -165,5 +165,5 @@ def test_builtin_commands_come_through_register_commands_before_a_plugins(tmp_pa
     group = get_command(build_app())
     names = group.list_commands(click.Context(group))
     assert names == ["run", "generate", "export", "push-hub", "verify", "view", "replay", "serve", "submit", "status",
-                     "proxy", "doctor", "plugins", "hello", "inference", "harness"]  # fmt: skip
+                     "proxy", "doctor", "plugins", "hello", "inference", "harness", "runtimes"]  # fmt: skip
     reset_registry()
