@@ -268,6 +268,7 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         num_iterations=1,
         temperature=1.0,  # the sampling temperature the tasks ask the proxy for
         beta=args.beta,
+        loss_type=args.loss_type,
         save_strategy="no",
         logging_steps=1,
         report_to="none",
@@ -330,6 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--optim", choices=["adamw_torch", "sgd"], default="adamw_torch", help="sgd: no momentum")
     parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (constant)")
     parser.add_argument("--beta", type=float, default=0.0, help="TRL's KL coefficient (0: no reference model)")
+    parser.add_argument("--loss-type", choices=["dapo", "grpo", "dr_grpo", "bnpo"], default="dapo",
+                        help="TRL's loss aggregation (grpo: each completion's tokens averaged first)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (data order)")
     parser.add_argument("--model", type=Path, help="start from this model folder (default: tiny_agent's cached model)")
     default_venv = os.environ.get("POLAR_VLLM_VENV") or str(Path.home() / ".cache" / "polar" / "vllm-venv")
