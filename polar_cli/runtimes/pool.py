@@ -185,9 +185,9 @@ class SandboxPool:
         self._recipes: dict[str, SandboxRecipe] = {}
         self._last_used: dict[str, float] = {}
         self._coming: Counter[str] = Counter()
+        """Per key: sandboxes starting for the pool or being reset (each will be ready, or fail)."""
         self._lent: Counter[str] = Counter()
         """Per key (``reuse: reset`` only): sandboxes lent to sessions, each coming back after its reset or not."""
-        """Per key: sandboxes starting for the pool or being reset (each will be ready, or fail)."""
         self._waiters: dict[str, list[asyncio.Future[Sandbox | None]]] = {}
         self._slots = asyncio.Semaphore(self.config.parallel)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -426,9 +426,9 @@ class SandboxPool:
         stop.add_done_callback(self._stopping.discard)
         try:
             await asyncio.shield(stop)
-        except PolarError as exc:
+        except PolarError as exc:  # what is left of it is no longer held: the gateway's TTL sweep removes it
             log.warning("sandbox pool: a sandbox did not stop cleanly: %s", exc)
-        else:
+        finally:
             self._live.discard(sandbox)
         self.stats.destroyed += 1
 
