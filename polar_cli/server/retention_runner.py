@@ -45,7 +45,9 @@ class RetentionRunner:
         self.note: str | None = None
 
     async def run(self) -> None:
-        """A pass every ``interval_s`` (the one at start is the server's own :meth:`pass_logged`)."""
+        """A pass every ``interval_s``; the first at once unless the server ran it before serving (retention set)."""
+        if self.last_run_at is None:
+            await self.pass_logged()
         while True:
             await asyncio.sleep(self.config.interval_s)
             await self.pass_logged()
@@ -59,7 +61,7 @@ class RetentionRunner:
 
     async def run_once(self) -> list[Retired]:
         """Measure, then (retention set) compact or remove what is due; what was retired."""
-        self.usage = await self.threads.read(self._measure)
+        self.usage = await self._measure()
         retired: list[Retired] = []
         if self.config.enabled:
             for planned in await self.threads.read(self._plan, self.usage.kept_bytes):
@@ -70,14 +72,16 @@ class RetentionRunner:
                         await asyncio.to_thread(self.files.remove, done.session_ids)
                     retired.append(done)
             if retired:
-                self.usage = await self.threads.read(self._measure)
+                self.usage = await self._measure()
             self.note = self._over_cap_note(self.usage)
         self.counts = await self.threads.read(self.store.retention_counts)
         self.last_run_at = time.time()
         return retired
 
-    def _measure(self) -> DiskUsage:
-        return measure(self.db_path, self.store.db_bytes(), self.files)
+    async def _measure(self) -> DiskUsage:
+        """The database's counts on a reader thread; the folders' walk on a thread of its own, not holding a reader."""
+        db_bytes = await self.threads.read(self.store.db_bytes)
+        return await asyncio.to_thread(measure, self.db_path, db_bytes, self.files)
 
     def _plan(self, kept_bytes: int) -> list[_Planned]:
         files: dict[str, int] = {}

@@ -183,7 +183,8 @@ class RolloutServer:
             self._nodes[node.node_id] = node
             self._live[node.node_id] = NodeLive(last_seen=now)  # a grace period: a full dead-after span to heartbeat
         self._node_tokens = {token_digest(node.token) for node in self._nodes.values()}
-        await self.retention.pass_logged()  # what is due goes before anything is served; then every interval_s
+        if self.retention.config.enabled:  # what is due goes before anything is served; then every interval_s
+            await self.retention.pass_logged()  # (without retention the first measurement runs in the background)
         self._loops = [
             asyncio.create_task(self._dispatch_loop(), name="polar-dispatch"),
             asyncio.create_task(self._liveness_loop(), name="polar-liveness"),
