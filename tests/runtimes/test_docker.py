@@ -363,6 +363,18 @@ def test_served_commands_are_killed_on_cancel_and_lost_with_the_server(docker_en
     assert list(scratch_root.iterdir()) == []
 
 
+def test_a_served_command_that_stops_itself_runs_until_its_timeout(scratch_root: Path) -> None:
+    """A stopped job ends bash's wait under job control: the server must not report it as exited (147)."""
+
+    async def body() -> None:
+        async with await start(scratch_root, session_id="stopped") as handle:
+            result = await handle.exec(["sh", "-c", "exec >/dev/null 2>&1; kill -STOP $$; exit 3"], timeout=2)
+            assert result.timed_out and result.exit_code != 147
+            assert (await handle.exec(["echo", "still served"])).stdout == "still served\n"
+
+    run(body())
+
+
 def test_an_image_without_bash_gets_an_engine_exec_per_command(scratch_root: Path, tmp_path: Path) -> None:
     """The server needs bash: where the image has none (here: a non-executable file mounted over it), every command
     still runs, as an engine exec of its own."""
