@@ -384,17 +384,22 @@ class DockerHandle(ContainerHandle):
 
     async def remove_scratch(self) -> None:
         try:
-            try:
-                await super().remove_scratch()
-            except PermissionError:
-                await self._hand_back_files()
-                await super().remove_scratch()
+            await remove_scratch_dir(self.client, self.image_id, self.scratch.root)
         finally:
             with contextlib.suppress(Exception):
                 self.client.close()
 
-    async def _hand_back_files(self) -> None:
-        await hand_back_files(self.client, self.image_id, self.scratch.root)
+
+async def remove_scratch_dir(client: Any, image_id: str, root: Path) -> None:
+    """Remove a session's scratch dir; files the container's root wrote there are handed back first when the host
+    user cannot delete them (which needs the container's image: without one, the PermissionError stands)."""
+    try:
+        await asyncio.to_thread(remove_tree, root)
+    except PermissionError:
+        if not image_id:
+            raise
+        await hand_back_files(client, image_id, root)
+        await asyncio.to_thread(remove_tree, root)
 
 
 async def hand_back_files(client: Any, image_id: str, root: Path) -> None:
@@ -548,12 +553,6 @@ class DockerRuntime(ContainerRuntime):
                     raise
                 image_id = ""
             if leftover.scratch is not None:
-                try:
-                    await asyncio.to_thread(remove_tree, leftover.scratch)
-                except PermissionError:
-                    if not image_id:
-                        raise
-                    await hand_back_files(client, image_id, leftover.scratch)
-                    await asyncio.to_thread(remove_tree, leftover.scratch)
+                await remove_scratch_dir(client, image_id, leftover.scratch)
         finally:
             client.close()
