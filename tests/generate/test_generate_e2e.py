@@ -93,17 +93,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_generate_resumes_after_sigkill_with_one_result_per_session(run: dict[str, Any]) -> None:
     with open_ledger(run["out"], must_exist=True) as ledger:
         rows = ledger.rows()
-        attempts = ledger.db.execute("SELECT task_id, sample_index, attempt, status FROM attempts").fetchall()
+        attempts = ledger.db.execute("SELECT task_id, sample_index, attempt, status, error FROM attempts").fetchall()
     assert sorted((r.task_id, r.sample_index) for r in rows) == sorted((f"demo-{n}", 0) for n in TASKS)
     assert all(r.status == "completed" for r in rows), rows  # every task completes
     assert {r.task_id for r in rows if not r.accepted} == {"demo-count-lines"}  # its script answers wrongly
-    assert all(status is not None for *_, status in attempts)  # nothing left in flight
+    assert all(status is not None for *_, status, _error in attempts)  # nothing left in flight
     # the service under rollouts/service ran each (task, sample) once more at most (the attempt killed mid-run)
     with sqlite3.connect(run["out"] / "service" / "server.db") as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "sessions" in tables
-        sessions = db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
-    assert sessions == len(TASKS)  # one service session per (task, sample): the re-run re-attached, never re-ran
+        sessions = db.execute("SELECT session_id, attempt, state FROM sessions").fetchall()
+    # one service session per (task, sample): the re-run re-attached, never re-ran (on failure: the ledger's attempts
+    # with their errors, and the service's sessions with their dispatch counts)
+    assert len(sessions) == len(TASKS), (attempts, sessions)
 
 
 def test_acceptance_table_matches_the_results(run: dict[str, Any]) -> None:
