@@ -62,7 +62,7 @@ from polar_cli.trainers.trl import distinct_prompts, polar_reward_func, trl_roll
 
 HARNESS = "shell"  # the reference agent: one bash tool, the shortest prompt of the CLIs tiny_agent trains
 TRACES: TraceRule = "last_main"  # a session whose chain still broke (token mode makes it rare): its last chain
-LEARNING_RATES = {"final-norm": 3e-2, "layers": 2e-4, "all": 2e-4}  # --lr's default for each --train
+LEARNING_RATES = {"final-norm": 1e-1, "layers": 2e-4, "all": 2e-4}  # --lr's default for each --train
 RETRIES = 3  # rounds of resubmitting the prompts whose group came back with a session that is not a sample
 
 # ---- the tasks -----------------------------------------------------------------------------------------------------
@@ -265,7 +265,8 @@ def trainable(model: Any, which: str) -> None:
 
 class PositiveAdvantages(GRPOTrainer):
     """``--advantages positive``: TRL's group-relative advantages with the negative ones set to 0, so a step raises
-    the successful sessions' tokens and leaves the failed sessions' alone."""
+    the successful sessions' tokens and leaves the failed sessions' alone (TRL 1.16 computes the advantages in
+    ``_generate_and_score_completions``)."""
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         batch = super()._generate_and_score_completions(inputs)
@@ -358,7 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--optim", choices=["adamw_torch", "sgd"], default="adamw_torch", help="sgd: no momentum")
     parser.add_argument("--train", choices=["final-norm", "layers", "all"], default="final-norm",
                         help="what TRL trains: the final norm, all but embeddings and lm_head, or all")  # fmt: skip
-    parser.add_argument("--lr", type=float, help="learning rate (constant; default 3e-2 for --train final-norm, "
+    parser.add_argument("--lr", type=float, help="learning rate (constant; default 1e-1 for --train final-norm, "
                         "else 2e-4)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="sampling temperature (the proxy's and TRL's logprobs')")  # fmt: skip
