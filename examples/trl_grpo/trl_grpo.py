@@ -18,7 +18,8 @@ the line: LINE"; reward 1.0 when the file holds the line, else 0.0). One step:
    (one GRPO group), ``client.groups(...)`` waits for them, ``trl_rollout`` turns them into TRL's dict: the first
    prompt of each session's main trace, the rest of it (model turns, mask 1; tool results, mask 0) as the completion.
 2. training: TRL scores the rows with ``polar_reward_func`` (each session's reward), computes its group-relative
-   advantages and takes one optimizer step (its DAPO loss; a KL term only with ``--beta``).
+   advantages and takes one optimizer step (its DAPO loss; a KL term only with ``--beta``) on the weights ``--train``
+   names: by default only the final norm's 128 scales (README.md: the whole model's reward did not rise).
 3. weight loading: a ``TrainerCallback`` saves the weights into ``DIR/checkpoints/vN`` at ``on_step_end`` and calls
    ``client.load_weights(folder)``: vLLM reloads in place, the policy version advances.
 4. verify: the step's traces against the weights that sampled them (``polar verify --recompute``, in process).
