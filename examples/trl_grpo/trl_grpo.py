@@ -18,7 +18,8 @@ the line: LINE"; reward 1.0 when the file holds the line, else 0.0). One step:
    (one GRPO group), ``client.groups(...)`` waits for them, ``trl_rollout`` turns them into TRL's dict: the first
    prompt of each session's main trace, the rest of it (model turns, mask 1; tool results, mask 0) as the completion.
 2. training: TRL scores the rows with ``polar_reward_func`` (each session's reward), computes its group-relative
-   advantages and takes one optimizer step (its DAPO loss; a KL term only with ``--beta``).
+   advantages and takes one optimizer step (its DAPO loss; a KL term only with ``--beta``) on the weights ``--train``
+   names: by default only the final norm's 128 scales (README.md: the whole model's reward did not rise).
 3. weight loading: a ``TrainerCallback`` saves the weights into ``DIR/checkpoints/vN`` at ``on_step_end`` and calls
    ``client.load_weights(folder)``: vLLM reloads in place, the policy version advances.
 4. verify: the step's traces against the weights that sampled them (``polar verify --recompute``, in process).
@@ -62,6 +63,7 @@ from polar_cli.trainers.trl import distinct_prompts, polar_reward_func, trl_roll
 
 HARNESS = "shell"  # the reference agent: one bash tool, the shortest prompt of the CLIs tiny_agent trains
 TRACES: TraceRule = "last_main"  # a session whose chain still broke (token mode makes it rare): its last chain
+LEARNING_RATES = {"final-norm": 1e-1, "layers": 2e-4, "all": 2e-4}  # --lr's default for each --train
 RETRIES = 3  # rounds of resubmitting the prompts whose group came back with a session that is not a sample
 
 # ---- the tasks -----------------------------------------------------------------------------------------------------
@@ -71,9 +73,10 @@ PROMPTS = {tiny_agent.instruction(file, line): (file, line) for file, line in ti
 
 def task(prompt: str, task_id: str, step: int, args: argparse.Namespace) -> TaskRequest:
     """One GRPO group: tiny_agent's task for the reference agent, ``args.num_generations`` sessions, sampled at
-    temperature 1 (vLLM's raw logprobs are then the behaviour policy's, and TRL's ``temperature`` is 1 too)."""
+    ``args.temperature`` (TRL's ``temperature`` is the same; vLLM records the raw logprobs, which ``polar verify``
+    recomputes)."""
     file, line = PROMPTS[prompt]
-    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": args.max_tokens}
+    sampling = {"temperature": args.temperature, "top_p": 1.0, "top_k": -1, "max_tokens": args.max_tokens}
     spec = json.loads(tiny_agent.eval_task(HARNESS, file, line, args.max_tokens))
     # token mode: the proxy sends each prompt as ids with the earlier turns spliced in exactly as sampled, so a session
     # is one context-exact chain, which TRL trains as one completion (tool results at mask 0)
@@ -250,6 +253,28 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 # ---- the trainer ----------------------------------------------------------------------------------------------------
 
 
+def trainable(model: Any, which: str) -> None:
+    """``--train``: ``all`` the weights; ``layers``, all but the input embeddings and ``lm_head``; ``final-norm``, only
+    the final RMSNorm's weight (one scale per hidden dimension before ``lm_head``)."""
+    if which == "layers":
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            module.requires_grad_(False)
+    elif which == "final-norm":
+        model.requires_grad_(False)
+        model.model.norm.requires_grad_(True)
+
+
+class PositiveAdvantages(GRPOTrainer):
+    """``--advantages positive``: TRL's group-relative advantages with the negative ones set to 0, so a step raises
+    the successful sessions' tokens and leaves the failed sessions' alone (TRL 1.16 computes the advantages in
+    ``_generate_and_score_completions``)."""
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super()._generate_and_score_completions(inputs)
+        batch["advantages"] = batch["advantages"].clamp(min=0.0)
+        return batch
+
+
 def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
     """TRL's GRPO on the CPU, one generation batch per optimizer step (``steps_per_generation`` 1, one iteration):
     every batch is sampled by the weights being trained, so TRL needs no importance correction and the recorded
@@ -259,16 +284,18 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
         use_cpu=True,
         bf16=False,
         optim=args.optim,
-        learning_rate=args.lr,
+        learning_rate=args.lr if args.lr is not None else LEARNING_RATES[args.train],
         lr_scheduler_type="constant",
         max_steps=args.steps,
         per_device_train_batch_size=args.prompts_per_step * args.num_generations,
         num_generations=args.num_generations,
         steps_per_generation=1,
         num_iterations=1,
-        temperature=1.0,  # the sampling temperature the tasks ask the proxy for
+        temperature=args.temperature,  # the sampling temperature the tasks ask the proxy for
         beta=args.beta,
+        entropy_coef=args.entropy_coef,
         loss_type=args.loss_type,
+        scale_rewards=args.scale_rewards,
         save_strategy="no",
         logging_steps=1,
         report_to="none",
@@ -298,8 +325,10 @@ def run(args: argparse.Namespace) -> int:
         client = stack.enter_context(PolarClient(info["url"], info["token"], timeout=120))
         rollouts = PolarRollouts(client, out, args)
         callback = LoadWeights(rollouts, base_model, {client.inference().policy_version: base_model})
-        trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32),
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        trainable(model, args.train)
+        trainer = (PositiveAdvantages if args.advantages == "positive" else GRPOTrainer)(
+            model=model,
             processing_class=AutoTokenizer.from_pretrained(base_model),
             reward_funcs=[polar_reward_func],
             args=trl_config(args, out),
@@ -329,8 +358,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128, help="cap on each model call's sampled tokens")
     parser.add_argument("--timeout", type=int, default=120, help="seconds a session may run")
     parser.add_argument("--optim", choices=["adamw_torch", "sgd"], default="adamw_torch", help="sgd: no momentum")
-    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate (constant)")
+    parser.add_argument("--train", choices=["final-norm", "layers", "all"], default="final-norm",
+                        help="what TRL trains: the final norm, all but embeddings and lm_head, or all")  # fmt: skip
+    parser.add_argument("--lr", type=float, help="learning rate (constant; default 1e-1 for --train final-norm, "
+                        "else 2e-4)")  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature (the proxy's and TRL's logprobs')")  # fmt: skip
+    parser.add_argument("--scale-rewards", choices=["group", "batch", "none"], default="group",
+                        help="TRL's advantage scaling: by the group's std, the batch's, or none")  # fmt: skip
     parser.add_argument("--beta", type=float, default=0.0, help="TRL's KL coefficient (0: no reference model)")
+    parser.add_argument("--entropy-coef", type=float, default=0.0,
+                        help="TRL's entropy bonus (negative: the mean token entropy is minimized)")  # fmt: skip
+    parser.add_argument("--advantages", choices=["grpo", "positive"], default="grpo",
+                        help="positive: TRL's advantages with the negative ones set to 0")  # fmt: skip
     parser.add_argument("--loss-type", choices=["dapo", "grpo", "dr_grpo", "bnpo"], default="dapo",
                         help="TRL's loss aggregation (grpo: each completion's tokens averaged first)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (data order)")
