@@ -150,6 +150,8 @@ def test_a_restarted_gateway_removes_the_8_containers_a_kill_9_left_and_runs_the
         await until_true(eight_running, "eight sessions running", within=180)
         orphans = containers(docker_engine, gw["node_id"])
         assert len(orphans) == 8
+        orphan_dirs = {d.name for d in (tmp_path / "scratch").glob("docker-*")}
+        assert len(orphan_dirs) == 8
         runs[0].kill9()
         assert len(containers(docker_engine, gw["node_id"])) == 8  # the kill left them running
         runs.append(gateway(tmp_path, "gw", server, config, "token-gw"))
@@ -160,10 +162,9 @@ def test_a_restarted_gateway_removes_the_8_containers_a_kill_9_left_and_runs_the
         assert sorted(line.split(" docker container ")[1].split()[0] for line in swept) == sorted(
             c.name for c in orphans.values()
         ), runs[1].stderr()
-        assert not list((tmp_path / "scratch").glob("docker-*")) or all(
-            json.loads((d / OWNER_FILE).read_text())["pid"] == runs[1].proc.pid
-            for d in (tmp_path / "scratch").glob("docker-*")
-        )  # the orphans' host dirs went with them: what is there is the new run's
+        # the orphans' host dirs went with them: what is there now is the new run's (its re-dispatched sessions may be
+        # making theirs: a dir can exist a moment before its owner file)
+        assert not orphan_dirs & {d.name for d in (tmp_path / "scratch").glob("docker-*")}
         (flags / "go").touch()
         completed(await finished(server, "eight"), 8, [2] * 8)
 
