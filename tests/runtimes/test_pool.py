@@ -5,6 +5,7 @@ reset that leaves a git repository and the session's dirs as prepare left them."
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Coroutine
 from pathlib import Path
@@ -36,8 +37,23 @@ DIRTY = (
 )
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+def run(coro: Coroutine[Any, Any, T], within: float = 300) -> T:
+    """``coro`` on a new event loop; a hang fails the test with every task's stack (it never holds up the suite)."""
+
+    async def bounded() -> T:
+        body = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({body}, timeout=within)
+        if done:
+            return body.result()
+        stacks = []
+        for pending in asyncio.all_tasks():
+            out = io.StringIO()
+            pending.print_stack(file=out)
+            stacks.append(out.getvalue())
+        body.cancel()
+        raise AssertionError(f"hung for {within:g} s; the tasks:\n" + "\n".join(stacks))
+
+    return asyncio.run(bounded())
 
 
 def recipe(scratch: Path, **spec: Any) -> SandboxRecipe:
