@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import time
 from collections.abc import Coroutine, Iterator
@@ -17,8 +18,23 @@ T = TypeVar("T")
 TEST_IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test-base:latest")
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+def run(coro: Coroutine[Any, Any, T], within: float = 300) -> T:
+    """``coro`` on a new event loop; a hang fails the test with every task's stack (it never holds up the suite)."""
+
+    async def bounded() -> T:
+        body = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({body}, timeout=within)
+        if done:
+            return body.result()
+        stacks = []
+        for pending in asyncio.all_tasks():
+            out = io.StringIO()
+            pending.print_stack(file=out)
+            stacks.append(out.getvalue())
+        body.cancel()
+        raise AssertionError(f"hung for {within:g} s; the tasks:\n" + "\n".join(stacks))
+
+    return asyncio.run(bounded())
 
 
 def gone(pid: int, within: float = 10.0) -> bool:

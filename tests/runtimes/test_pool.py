@@ -5,11 +5,9 @@ reset that leaves a git repository and the session's dirs as prepare left them."
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -22,8 +20,8 @@ from polar_cli.runtimes.pool import SandboxPool, SandboxPoolConfig, SandboxRecip
 from polar_cli.task_check import check_task
 from tests.gateway.sim import until
 from tests.gateway.test_node import config, task
+from tests.runtimes.conftest import run
 
-T = TypeVar("T")
 REPO = (
     "git init -q -b main repo && cd repo && echo one > f && git add f"
     " && git -c user.name=p -c user.email=p@example.invalid commit -qm base && echo prepared > ../prepared"
@@ -35,25 +33,6 @@ DIRTY = (
     " -qam wip && echo x > untracked && echo x > ../planted && echo x > $HOME/planted"
     " && (sleep 300 >/dev/null 2>&1 &)"
 )
-
-
-def run(coro: Coroutine[Any, Any, T], within: float = 300) -> T:
-    """``coro`` on a new event loop; a hang fails the test with every task's stack (it never holds up the suite)."""
-
-    async def bounded() -> T:
-        body = asyncio.ensure_future(coro)
-        done, _ = await asyncio.wait({body}, timeout=within)
-        if done:
-            return body.result()
-        stacks = []
-        for pending in asyncio.all_tasks():
-            out = io.StringIO()
-            pending.print_stack(file=out)
-            stacks.append(out.getvalue())
-        body.cancel()
-        raise AssertionError(f"hung for {within:g} s; the tasks:\n" + "\n".join(stacks))
-
-    return asyncio.run(bounded())
 
 
 def recipe(scratch: Path, **spec: Any) -> SandboxRecipe:

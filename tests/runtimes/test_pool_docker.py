@@ -165,8 +165,11 @@ def test_a_failed_reset_destroys_the_sandbox(gateway: Gateway, image: str, docke
     pool_id = report(result)["POOL_ID"]
 
     node = gateway.node
+
     # the reset runs after the result, within its budget (ResetSpec.timeout_seconds, 120 s): wait out that budget
-    failed = lambda: node.sandboxes.stats.resets_failed > before["resets_failed"]  # noqa: E731
+    def failed() -> bool:
+        return node.sandboxes.stats.resets_failed > before["resets_failed"]
+
     run_in(gateway.loop, until(failed, "the reset", within=150))
     assert pool_id.startswith("pool-")
     assert not docker_engine.containers.list(all=True, filters={"label": f"polar.session={pool_id}"})
