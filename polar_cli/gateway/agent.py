@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_cli.aio import wait_event
 from polar_cli.errors import AuthError, ConfigError, PolarError, ServiceUnavailableError, SessionError
 from polar_cli.gateway import placement
 from polar_cli.gateway.config import AgentConfig
@@ -327,8 +328,7 @@ class GatewayAgent:
                 if any(isinstance(o, _Unauthorized) for o in outcomes):
                     await self._register()
                 failures += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.retry.delay(failures))
+                await wait_event(self._wake, self.config.retry.delay(failures))
             else:
                 failures = 0
 

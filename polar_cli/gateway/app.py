@@ -32,12 +32,12 @@ on a pool with a replica that cannot reload (the scripted backend) is a 409 befo
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel
 
+from polar_cli.aio import within
 from polar_cli.errors import ConfigError
 from polar_cli.ids import check_session_id
 from polar_cli.models import validate_model
@@ -124,7 +124,7 @@ def create_app(node: GatewayNode) -> web.Application:
         except ValueError as exc:
             raise ConfigError("wait must be a number of seconds") from exc
         try:
-            found = await asyncio.wait_for(node.pipeline.wait(session_id), timeout=max(wait, 0.0) or 0.001)
+            found = await within(node.pipeline.wait(session_id), max(wait, 0.0) or 0.001)
         except TimeoutError:
             return json_response({"session_id": session_id, "stage": str(node.pipeline.get(session_id).stage)}, 202)
         return _json(found)

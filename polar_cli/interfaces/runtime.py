@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
+from polar_cli.aio import within
 from polar_cli.errors import RuntimeFailure
 from polar_cli.interfaces.base import Component
 from polar_cli.models.base import describe_config_keys_error
@@ -213,16 +214,16 @@ class RuntimeHandle(ABC):
         timed_out = False
         try:
             try:
-                exit_code = await asyncio.wait_for(process.wait(), timeout)
+                exit_code = await within(process.wait(), timeout)
             except TimeoutError:
                 timed_out = True
                 await process.terminate(kill_grace)
                 try:
-                    exit_code = await asyncio.wait_for(process.wait(), kill_grace + DRAIN_SECONDS)
+                    exit_code = await within(process.wait(), kill_grace + DRAIN_SECONDS)
                 except TimeoutError:
                     exit_code = -9  # could not be confirmed dead; stop()/cancel() will take the rest down
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(reader), DRAIN_SECONDS)
+                await within(asyncio.shield(reader), DRAIN_SECONDS)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(process.terminate(0.0))

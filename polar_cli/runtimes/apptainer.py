@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_cli.aio import within
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
@@ -163,7 +164,7 @@ class ApptainerHandle(ContainerHandle):
                 for sig in ("TERM", "KILL") if grace > 0 else ("KILL",):
                     await self._kill_in_instance(sig, pid)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(process.wait(), grace)
+                        await within(process.wait(), grace)
                     if process.process.returncode is not None:
                         return
 
@@ -178,7 +179,7 @@ class ApptainerHandle(ContainerHandle):
             cwd=self.scratch.run,
         )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(killer.wait(), 30)
+            await within(killer.wait(), 30)
 
     async def release(self, grace: float) -> None:
         await terminate_all(self._processes, grace)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_cli.aio import wait_event
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
@@ -198,8 +199,7 @@ class DockerProcess(RuntimeProcess):
         delay = WAIT_POLL_FIRST
         while self._exit_code is None:
             if not self._eof.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._eof.wait(), delay)
+                await wait_event(self._eof, delay)
                 delay = min(delay * 2, WAIT_POLL_MAX)
             try:
                 info = await self._inspect()

@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
+from polar_cli.aio import within
 from polar_cli.errors import RuntimeFailure
 from polar_cli.interfaces.runtime import KILL_GRACE_SECONDS, RuntimeProcess, Stream
 from polar_cli.runtimes.files import write_bytes
@@ -175,7 +176,7 @@ class ServedProcess(RuntimeProcess):
         if self.exit.done() or not self._server.alive:
             return
         try:
-            pid = await asyncio.wait_for(asyncio.shield(self.pid), PID_WAIT_SECONDS)
+            pid = await within(asyncio.shield(self.pid), PID_WAIT_SECONDS)
         except TimeoutError:
             pid = None
         if pid is None:
@@ -186,7 +187,7 @@ class ServedProcess(RuntimeProcess):
             if not self._server.send(f"k {sig} {pid}"):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.exit), wait_for)
+                await within(asyncio.shield(self.exit), wait_for)
             if self.exit.done():
                 return
 
@@ -287,6 +288,6 @@ async def await_ready(server: ExecServer, timeout: float) -> None:
     """Wait for the server's ``ready`` line; RuntimeFailure when it ended or did not answer in time."""
     started = time.monotonic()
     try:
-        await asyncio.wait_for(asyncio.shield(server.ready), timeout)
+        await within(asyncio.shield(server.ready), timeout)
     except TimeoutError as exc:
         raise RuntimeFailure(f"the exec server did not start within {time.monotonic() - started:.0f} s") from exc

@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from polar_cli.aio import within
 from polar_cli.errors import ConfigError, RuntimeFailure
 from polar_cli.interfaces.runtime import (
     HOME_PATH,
@@ -206,7 +207,7 @@ class LocalHandle(ScratchHandle):
         await kill_marked(self._marker, grace)
         for process in self._processes:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), KILL_GRACE_SECONDS)
+                await within(process.wait(), KILL_GRACE_SECONDS)
 
 
 class LocalRuntime(ScratchRuntime):

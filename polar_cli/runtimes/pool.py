@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
 
+from polar_cli.aio import wait_event
 from polar_cli.errors import PolarError, RuntimeFailure
 from polar_cli.interfaces.runtime import RuntimeContext, RuntimeHandle, RuntimeProcess
 from polar_cli.models import StrictModel
@@ -443,8 +444,7 @@ class SandboxPool:
     async def _maintain(self) -> None:
         tick = min(1.0, self.config.idle_seconds / 4)
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), tick)
+            await wait_event(self._wake, tick)
             self._wake.clear()
             try:
                 self.resize()

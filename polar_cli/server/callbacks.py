@@ -8,13 +8,13 @@ retried with exponential backoff until the receiver answers 2xx.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 import httpx
 
+from polar_cli.aio import wait_event
 from polar_cli.backoff import Backoff
 from polar_cli.metrics import ServerMetrics
 from polar_cli.server.store import Callback, SessionStore
@@ -63,8 +63,7 @@ class CallbackSender:
                 continue
             upcoming = await self.threads.read(self.store.next_callback_at)
             timeout = None if upcoming is None else max(0.01, upcoming - time.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await wait_event(self._wake, timeout)
 
     async def _deliver(self, callback: Callback) -> None:
         try:

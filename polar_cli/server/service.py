@@ -33,6 +33,7 @@ from typing import Any, get_args
 
 import httpx
 
+from polar_cli.aio import wait_event
 from polar_cli.errors import AuthError, ConfigError, ForbiddenError, PolarError, SessionError, SessionExistsError
 from polar_cli.ids import session_ids_for as new_session_ids
 from polar_cli.metrics import Exposition, ServerMetrics, ServerReading
@@ -255,8 +256,7 @@ class RolloutServer:
             remaining = deadline - time.monotonic()
             if state in TERMINAL_TASK_STATES or remaining <= 0 or self._stopping:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+            await wait_event(changed, remaining)
         return await self.threads.read(self.store.task_status, task_id)
 
     async def task_request(self, task_id: str) -> TaskRequest:
@@ -532,8 +532,7 @@ class RolloutServer:
 
     async def _dispatch_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dispatch_wake.wait(), self.config.heartbeat_interval_s)
+            await wait_event(self._dispatch_wake, self.config.heartbeat_interval_s)
             self._dispatch_wake.clear()
             try:
                 if self._dispatching:
