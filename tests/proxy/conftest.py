@@ -12,7 +12,10 @@ The proxy runs on its own event loop in a background thread so tests can drive i
 from __future__ import annotations
 
 import asyncio
+import io
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +81,15 @@ class LoopThread:
 
         return self.run(start())
 
+    def where(self) -> str:
+        """The loop thread's stack and every task's stack, as they are now (for a failure message)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        out = io.StringIO()
+        out.writelines(traceback.format_stack(frame) if frame is not None else ["(the loop thread has ended)\n"])
+        for task in asyncio.all_tasks(self.loop):
+            task.print_stack(file=out)
+        return out.getvalue()
+
     def close(self) -> None:
         for listener in reversed(self._listeners):
             self.run(listener.close())
@@ -118,7 +130,10 @@ class RunningProxy:
         return ProxySession(self, data["session_id"], data["api_key"], data["base_urls"])
 
     def completions(self, session_id: str) -> list[dict[str, Any]]:
-        resp = self.http.get(f"/sessions/{session_id}/completions")
+        try:
+            resp = self.http.get(f"/sessions/{session_id}/completions")
+        except httpx.TimeoutException as exc:  # the proxy's loop did not answer: say where it was
+            raise AssertionError(f"the proxy did not answer in 30 s; its loop:\n{self.loop_thread.where()}") from exc
         assert resp.status_code == 200, resp.text
         result: list[dict[str, Any]] = resp.json()
         return result
