@@ -159,8 +159,10 @@ def test_32_sessions_reuse_sandboxes_that_start_clean(gateway: Gateway, image: s
 
 def test_a_failed_reset_destroys_the_sandbox(gateway: Gateway, image: str, docker_engine: Any) -> None:
     before = gateway.stats()
-    # a file that existed at the checkpoint is changed: the reset cannot undo that, so the sandbox must go
-    (result,) = gateway.run([swe_task(image, "tamper", REPORT + "; echo tampered >> /etc/polar-prepared")], 1)
+    # a file that existed at the checkpoint is changed: the reset cannot undo that, so the sandbox must go. Its own
+    # pool key (max_sessions): a sandbox the first test left with 3 of its 4 sessions would be destroyed unreset
+    tamper = swe_task(image, "tamper", REPORT + "; echo tampered >> /etc/polar-prepared", max_sessions=8)
+    (result,) = gateway.run([tamper], 1)
     assert result.status == "completed", result.error
     pool_id = report(result)["POOL_ID"]
 
