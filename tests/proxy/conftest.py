@@ -12,7 +12,6 @@ The proxy runs on its own event loop in a background thread so tests can drive i
 from __future__ import annotations
 
 import asyncio
-import io
 import sys
 import threading
 import traceback
@@ -29,6 +28,7 @@ from polar_cli.proxy.app import create_proxy_app
 from polar_cli.proxy.config import ProxyConfig
 from polar_cli.proxy.state import ProxyState
 from polar_cli.web.listen import Listener, listen
+from tests.support.stacks import task_stacks
 
 T = TypeVar("T")
 
@@ -84,11 +84,8 @@ class LoopThread:
     def where(self) -> str:
         """The loop thread's stack and every task's stack, as they are now (for a failure message)."""
         frame = sys._current_frames().get(self._thread.ident or -1)
-        out = io.StringIO()
-        out.writelines(traceback.format_stack(frame) if frame is not None else ["(the loop thread has ended)\n"])
-        for task in asyncio.all_tasks(self.loop):
-            task.print_stack(file=out)
-        return out.getvalue()
+        thread = "".join(traceback.format_stack(frame)) if frame is not None else "(the loop thread has ended)\n"
+        return thread + task_stacks(self.loop)
 
     def close(self) -> None:
         for listener in reversed(self._listeners):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import time
 from collections.abc import Coroutine, Iterator
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from polar_cli.errors import RuntimeFailure
+from tests.support.stacks import task_stacks
 
 T = TypeVar("T")
 TEST_IMAGE = os.environ.get("POLAR_TEST_IMAGE", "polar-test-base:latest")
@@ -26,13 +26,9 @@ def run(coro: Coroutine[Any, Any, T], within: float = 300) -> T:
         done, _ = await asyncio.wait({body}, timeout=within)
         if done:
             return body.result()
-        stacks = []
-        for pending in asyncio.all_tasks():
-            out = io.StringIO()
-            pending.print_stack(file=out)
-            stacks.append(out.getvalue())
+        stacks = task_stacks()
         body.cancel()
-        raise AssertionError(f"hung for {within:g} s; the tasks:\n" + "\n".join(stacks))
+        raise AssertionError(f"hung for {within:g} s; the tasks:\n{stacks}")
 
     return asyncio.run(bounded())
 
