@@ -17,8 +17,12 @@ T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Interrupted(Exception):
-    """The command was stopped by ``signum``; exit with ``exit_code`` (128 + the signal, as a shell reports it)."""
+class Interrupted(BaseException):
+    """The command was stopped by ``signum``; exit with ``exit_code`` (128 + the signal, as a shell reports it).
+
+    A :class:`BaseException`, as :class:`KeyboardInterrupt` is: ``stop_on_signals`` raises it wherever the main thread
+    is, and an ``except Exception`` there (``socketserver`` has one around starting a request's thread) must not
+    swallow the stop."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

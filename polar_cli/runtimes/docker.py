@@ -530,7 +530,10 @@ class DockerRuntime(ContainerRuntime):
         client = await asyncio.to_thread(docker_client)
         labels = [f"{LABEL_RUNTIME}=docker", *([f"{LABEL_NODE}={node_id}"] if node_id else [])]
         try:
-            containers = await call("list", client.containers.list, all=True, filters={"label": labels})
+            # ignore_removed: a container removed between the list and its inspect (a session ending) is not a failure
+            containers = await call(
+                "list", client.containers.list, all=True, filters={"label": labels}, ignore_removed=True
+            )
         finally:
             client.close()
         found = [_leftover(container) for container in containers]

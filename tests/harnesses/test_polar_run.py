@@ -55,7 +55,7 @@ def test_polar_run_in_docker_scores_in_a_fresh_container(tmp_path: Path, docker_
 
     client = docker_client()
     try:  # both containers (the agent's, and the fresh one labelled <session>-eval) are gone
-        left = [c.name for c in client.containers.list(all=True)
+        left = [c.name for c in client.containers.list(all=True, ignore_removed=True)
                 if report.result.session_id in c.labels.get(LABEL_SESSION, "")]  # fmt: skip
         assert left == []
     finally:

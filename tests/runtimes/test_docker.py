@@ -50,7 +50,7 @@ async def start(
 
 
 def container_exists(client: Any, container_id: str) -> bool:
-    return any(c.id == container_id for c in client.containers.list(all=True))
+    return any(c.id == container_id for c in client.containers.list(all=True, ignore_removed=True))
 
 
 def test_exec_env_labels_limits_and_teardown(docker_engine: Any, scratch_root: Path, tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_cancel_mid_run_leaves_no_container_process_or_directory(docker_engine: 
 
     run(body())
     assert list(scratch_root.iterdir()) == []
-    leftovers = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_SESSION}=d1"})
+    leftovers = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_SESSION}=d1"}, ignore_removed=True)
     assert leftovers == []
 
 

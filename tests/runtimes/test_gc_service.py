@@ -51,7 +51,8 @@ def completed(status: Any, samples: int, attempts: list[int]) -> None:
 
 
 def containers(engine: Any, node: str) -> dict[str, Any]:
-    return {c.id: c for c in engine.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"})}
+    found = engine.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}, ignore_removed=True)
+    return {c.id: c for c in found}
 
 
 def polar(*args: str) -> subprocess.CompletedProcess[str]:

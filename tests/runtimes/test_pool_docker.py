@@ -174,4 +174,5 @@ def test_a_failed_reset_destroys_the_sandbox(gateway: Gateway, image: str, docke
 
     run_in(gateway.loop, until(failed, "the reset", within=150))
     assert pool_id.startswith("pool-")
-    assert not docker_engine.containers.list(all=True, filters={"label": f"polar.session={pool_id}"})
+    mine = {"label": f"polar.session={pool_id}"}
+    assert not docker_engine.containers.list(all=True, filters=mine, ignore_removed=True)

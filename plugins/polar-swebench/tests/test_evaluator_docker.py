@@ -62,7 +62,8 @@ async def evaluate_patch(
 def left_behind(session: str) -> list[str]:
     client = docker_client()
     try:
-        return [c.name for c in client.containers.list(all=True) if session in c.labels.get(LABEL_SESSION, "")]
+        found = client.containers.list(all=True, ignore_removed=True)
+        return [c.name for c in found if session in c.labels.get(LABEL_SESSION, "")]
     finally:
         client.close()
 
