@@ -1,5 +1,6 @@
-"""Deadlines that never lose a cancellation (``polar_cli.aio``), and that nothing in Polar uses
-``asyncio.wait_for``, which on Python 3.11 drops a cancellation that lands as its awaitable completes."""
+"""Deadlines and task stops that never lose a cancellation (``polar_cli.aio``), and that nothing in Polar uses
+``asyncio.wait_for``, which on Python 3.11 drops a cancellation that lands as its awaitable completes, or stops a task
+with ``suppress(CancelledError)``, which swallows the caller's own cancellation too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_cli.aio import wait_event, within
+from polar_cli.aio import cancel_and_wait, wait_event, within
 from polar_cli.runtimes.pool import SandboxPool, SandboxPoolConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +93,87 @@ def test_nothing_uses_asyncio_wait_for() -> None:
         if re.search(r"\basyncio\.wait_for\(", line)
     ]
     assert not found, "use polar_cli.aio (asyncio.wait_for drops cancellations on 3.11): " + ", ".join(found)
+
+
+def test_cancel_and_wait_absorbs_the_tasks_cancellation_and_raises_the_callers() -> None:
+    async def body() -> None:
+        forever = asyncio.create_task(asyncio.sleep(3600))
+        await asyncio.sleep(0)
+        await cancel_and_wait(forever)  # its own cancellation: absorbed
+        assert forever.cancelled()
+
+        async def failing() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                raise ValueError("its clean-up failed")
+
+        broken = asyncio.create_task(failing())
+        await asyncio.sleep(0)
+        with pytest.raises(ValueError, match="clean-up failed"):  # any other end: raised
+            await cancel_and_wait(broken)
+
+        # the caller is cancelled while it waits for a task that takes its time to stop
+        release = asyncio.Event()
+
+        async def slow_to_stop() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await release.wait()
+
+        slow = asyncio.create_task(slow_to_stop())
+        ran_on: list[str] = []
+
+        async def closer(stop: Callable[[asyncio.Task[None]], Awaitable[None]]) -> None:
+            await stop(slow)
+            ran_on.append("after the stop")
+
+        async def suppressing(task: asyncio.Task[None]) -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        await asyncio.sleep(0)
+        for stop, swallowed in ((suppressing, True), (cancel_and_wait, False)):
+            ran_on.clear()
+            slow = asyncio.create_task(slow_to_stop())
+            await asyncio.sleep(0)
+            release.clear()
+            caller = asyncio.create_task(closer(stop))
+            await asyncio.sleep(0.01)
+            caller.cancel()
+            await asyncio.sleep(0.01)
+            release.set()
+            await asyncio.gather(caller, return_exceptions=True)
+            assert caller.cancelled() is not swallowed and (ran_on == ["after the stop"]) is swallowed, stop
+
+        # a clean-up on the way out of a cancellation runs to its end, and the cancellation goes on after it
+        helper = asyncio.create_task(asyncio.sleep(3600))
+
+        async def cancelled_worker() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await cancel_and_wait(helper)
+                ran_on.append("clean-up done")
+
+        ran_on.clear()
+        worker = asyncio.create_task(cancelled_worker())
+        await asyncio.sleep(0)
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        assert worker.cancelled() and helper.cancelled() and ran_on == ["clean-up done"]
+
+    asyncio.run(within(body(), 10))
+
+
+def test_nothing_stops_a_task_with_suppress_cancelled_error() -> None:
+    sources = [*ROOT.glob("polar_cli/**/*.py"), *ROOT.glob("plugins/*/polar_*/**/*.py")]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sources
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"suppress\((asyncio\.)?CancelledError", line)
+    ]
+    assert not found, "use polar_cli.aio.cancel_and_wait (it does not swallow the caller's cancel): " + ", ".join(found)

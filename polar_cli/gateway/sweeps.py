@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from polar_cli.aio import cancel_and_wait
 from polar_cli.gateway.config import RuntimeGcConfig
 from polar_cli.runtimes.gc import GcReport, GcRule, collect_garbage
 
@@ -72,9 +72,7 @@ class RuntimeSweeps:
     async def close(self) -> None:
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+            await cancel_and_wait(loop)
 
     async def _every(self, interval: float) -> None:
         while True:

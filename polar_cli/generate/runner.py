@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
+from polar_cli.aio import cancel_and_wait
 from polar_cli.client import AsyncPolarClient
 from polar_cli.config import set_dotted
 from polar_cli.errors import ConfigError, PolarError
@@ -147,9 +148,7 @@ async def embedded_service(config: ServeConfig) -> AsyncIterator[ServeInfo]:
             raise PolarError("the embedded rollout service stopped before it was ready")
         yield ready.result()
     finally:
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner
+        await cancel_and_wait(runner)
 
 
 def service_task(task: TaskRequest, sample: int, attempt: int) -> TaskRequest:

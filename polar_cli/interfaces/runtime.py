@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
-from polar_cli.aio import within
+from polar_cli.aio import cancel_and_wait, within
 from polar_cli.errors import RuntimeFailure
 from polar_cli.interfaces.base import Component
 from polar_cli.models.base import describe_config_keys_error
@@ -230,9 +230,8 @@ class RuntimeHandle(ABC):
             raise
         finally:
             if not reader.done():
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reader
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(reader)
         return ExecResult(
             exit_code=exit_code,
             stdout=buffers["stdout"].decode("utf-8", errors="replace"),

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
+from polar_cli.aio import cancel_and_wait
 from polar_cli.errors import BackendBusy, BackendError, ConfigError, PauseTimeout, PoolControlError
 from polar_cli.interfaces.backend import BackendClient
 from polar_cli.metrics import ProxyMetrics, replica_label
@@ -465,9 +466,7 @@ class InferencePool(BackendClient):
     async def close(self) -> None:
         self._closed = True
         if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health
+            await cancel_and_wait(self._health)
             self._health = None
         for replica in self._replicas:
             await replica.client.close()

@@ -19,7 +19,6 @@ non-streaming call would have produced. :func:`pump` drives a codec's incrementa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
+from polar_cli.aio import cancel_and_wait
 from polar_cli.errors import BackendError
 from polar_cli.models.chat import ChatRequest, Generation, JsonTokenIds, StreamDelta, StreamStart, UpstreamStream
 from polar_cli.models.completion import ABORTED
@@ -231,9 +231,7 @@ async def unless_client_leaves(request: web.Request, work: Awaitable[T]) -> T:
     finally:
         gone.cancel()
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
     if task.cancelled():
         raise ConnectionResetError("the client left before the backend answered")
     return task.result()

@@ -12,7 +12,6 @@ Without the flag vLLM answers these routes 403 (with it disabled) or 404 (older 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from polar_cli.aio import cancel_and_wait
 from polar_cli.errors import BackendError
 from polar_cli.models.chat import INTERRUPTED, ChatRequest, Generation, Rendered
 from polar_cli.proxy.backends.http import assistant_message, upstream_error
@@ -145,9 +145,7 @@ async def _stream(client: VllmClient, body: dict[str, Any], interrupt: asyncio.E
     if reader.done():
         reader.result()
         return got, False
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
+    await cancel_and_wait(reader)
     return got, True
 
 
