@@ -238,7 +238,7 @@ def test_submit_wait_stops_on_a_signal_and_the_task_runs_on(served: Served, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 128 + stop and took < 5, (proc.returncode, took, err)
+    assert proc.returncode == 128 + stop and took < 15, (proc.returncode, took, err)  # the task never ends by itself
     assert out == f"{task_id}\n" and "Traceback" not in err
     note = err.strip().splitlines()[-1]
     follow = f"polar submit {task_file} --task-id {task_id} --wait"

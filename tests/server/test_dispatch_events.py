@@ -17,9 +17,9 @@ from tests.server.test_service import finished
 SLOTS = 16
 SESSIONS = 64
 SECONDS = 0.2
-HANDOVER_S = 1.5
+HANDOVER_S = 2.5
 """The most a freed slot may wait for its next session (the gateway starting the next harness process on a busy
-machine); a heartbeat-paced dispatch would wait up to a heartbeat, 5 s."""
+machine); a heartbeat-paced dispatch would wait up to a heartbeat, 5 s, so over 48 handovers some would pass this."""
 SLOW_HEARTBEATS = {"heartbeat_interval_s": 5.0}
 
 
