@@ -111,10 +111,9 @@ def test_cancel_and_wait_absorbs_the_tasks_cancellation_and_raises_the_callers()
             finally:
                 await release.wait()
 
-        slow = asyncio.create_task(slow_to_stop())
         ran_on: list[str] = []
 
-        async def closer(stop: Callable[[asyncio.Task[None]], Awaitable[None]]) -> None:
+        async def closer(stop: Callable[[asyncio.Task[None]], Awaitable[None]], slow: asyncio.Task[None]) -> None:
             await stop(slow)
             ran_on.append("after the stop")
 
@@ -123,13 +122,12 @@ def test_cancel_and_wait_absorbs_the_tasks_cancellation_and_raises_the_callers()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-        await asyncio.sleep(0)
         for stop, swallowed in ((suppressing, True), (cancel_and_wait, False)):
             ran_on.clear()
             slow = asyncio.create_task(slow_to_stop())
             await asyncio.sleep(0)
             release.clear()
-            caller = asyncio.create_task(closer(stop))
+            caller = asyncio.create_task(closer(stop, slow))
             await asyncio.sleep(0.01)
             caller.cancel()
             await asyncio.sleep(0.01)

@@ -49,17 +49,6 @@ def test_trl_grpo_trains_three_steps_the_versions_advance_and_every_step_verifie
     assert [(s["policy_version"], s["new_policy_version"]) for s in steps] == [(1, 2), (2, 3), (3, 4)]
     checkpoints = {s["policy_version"]: Path(s["sampled_with"]) for s in steps}
     checkpoints |= {s["new_policy_version"]: Path(s["checkpoint"]) for s in steps}
-    # TRL's optimizer moved the weights at every step that had something to learn: a group whose rewards differ. A
-    # step whose groups all have equal rewards has zero advantages (GRPO), and at step 0 (no optimizer state yet) it
-    # leaves the weights as they are; seen in CI when all 8 sessions of step 0 succeeded.
-    for s in steps:
-        results = (out / f"step-{s['step']}" / "results.jsonl").read_text().splitlines()
-        rewards: dict[str, set[float | None]] = {}
-        for r in (SessionResult.model_validate_json(line) for line in results):
-            rewards.setdefault(r.task_id, set()).add(r.reward)
-        if any(len(group) > 1 for group in rewards.values()):
-            old, new = checkpoints[s["policy_version"]], checkpoints[s["new_policy_version"]]
-            assert digest(old) != digest(new), (s["step"], rewards)
 
     merged = tmp_path / "all-steps.jsonl"
     rows = []
@@ -73,6 +62,15 @@ def test_trl_grpo_trains_three_steps_the_versions_advance_and_every_step_verifie
         for trace in (t for r in results for t in r.trajectory.traces):  # the version that sampled it
             versions = trace.policy_versions
             assert versions is not None and versions.oldest == versions.newest == s["policy_version"], versions
+        # TRL's optimizer moved the weights at every step that had something to learn: a group whose rewards differ.
+        # A step whose groups all have equal rewards has zero advantages (GRPO), and at step 0 (no optimizer state
+        # yet) it leaves the weights as they are; seen in CI when all 8 sessions of step 0 succeeded.
+        rewards: dict[str, set[float | None]] = {}
+        for r in results:
+            rewards.setdefault(r.task_id, set()).add(r.reward)
+        if any(len(group) > 1 for group in rewards.values()):
+            old, new = checkpoints[s["policy_version"]], checkpoints[s["new_policy_version"]]
+            assert digest(old) != digest(new), (s["step"], rewards)
         rows += lines
     merged.write_text("\n".join(rows) + "\n")
     assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

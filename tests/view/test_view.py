@@ -170,7 +170,7 @@ def test_serve_stops_on_sigterm_or_ctrl_c_and_says_so(tmp_path: Path, signum: in
         urllib.request.urlopen(url.group(1), timeout=10)
 
 
-def test_a_signal_while_the_server_starts_a_request_thread_still_stops_it(tmp_path: Path) -> None:
+def test_a_signal_while_the_server_starts_a_request_thread_still_stops_it() -> None:
     """The CI failure: the signal landed while ``serve_forever`` was starting a request's thread, where socketserver
     catches ``Exception`` (and prints it), so the stop was swallowed and the server went on serving. Deterministic: the
     signal is sent from inside ``process_request``."""
